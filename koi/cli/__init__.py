@@ -1,0 +1,52 @@
+"""The ``koi`` command (typer + rich).
+
+Each sub-command group lives in its own module and registers itself on :data:`app`.
+Every command that reports figures takes ``--json`` and then prints exactly one JSON
+document on stdout (logs go to stderr), so scripts and CI can read it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import typer
+
+from koi import __version__
+from koi.cli.output import emit
+
+app = typer.Typer(
+    name="koi",
+    help="Koi: a self-calibrating planner for heterogeneous, multi-cloud LLM inference fleets.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+#: Command modules, in help order. Each ``koi/cli/<name>.py`` exposes ``register(app)``.
+#: A module not written yet is left out; one that fails to import is an error.
+COMMAND_MODULES = (
+    "catalog", "db", "sim", "surrogate", "learn", "why", "plan", "ops", "dev", "demo", "bench", "agent",
+)
+
+for _name in COMMAND_MODULES:
+    if importlib.util.find_spec(f"koi.cli.{_name}") is not None:
+        importlib.import_module(f"koi.cli.{_name}").register(app)
+
+
+@app.command()
+def version(json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
+    """Print Koi's version and the versions of the components it stands on."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as pkg_version
+
+    info = {"koi": __version__}
+    for pkg in ("temporalio", "aiconfigurator-core", "pydantic", "sqlmodel", "numpy", "scipy"):
+        try:
+            info[pkg] = pkg_version(pkg)
+        except PackageNotFoundError:
+            info[pkg] = None
+    emit(info, json_out, title="versions")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,61 @@
+"""Settings, read from the environment with the prefix ``KOI_`` (and a ``.env`` file).
+
+Every process reads the same settings: the CLI, the workers, the tests. The defaults
+are the embedded set-up (a SQLite file under ``KOI_DATA_DIR``, a Temporal dev server
+on localhost); production points ``KOI_DATABASE_URL`` at PostgreSQL and
+``KOI_TEMPORAL_ADDRESS`` at a Temporal cluster.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KOI_", env_file=".env", extra="ignore")
+
+    # ---- store ------------------------------------------------------------------------
+    data_dir: Path = Field(default=Path(".koi"), description="where the SQLite file, caches and reports live")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; postgresql+psycopg://... for PostgreSQL. Default: SQLite in data_dir"
+    )
+
+    # ---- Temporal ---------------------------------------------------------------------
+    temporal_address: str = "localhost:7233"
+    temporal_namespace: str = "default"
+    temporal_ui_port: int = 8233
+    tick_task_queue: str = "koi-ticks"
+    plan_task_queue: str = "koi-planning"
+    cluster_id: str = "koi-dev"
+    tick_interval_s: float = Field(default=300.0, gt=0, description="planning tick (Appendix B: ~300 s)")
+
+    # ---- LLM (the RLM planner) ------------------------------------------------------------
+    llm_base_url: str | None = None
+    llm_model: str | None = None
+    llm_api_key: str = "not-needed"
+    llm_system_role: bool = True
+    llm_price_per_mtok_in: float = 0.0
+    llm_price_per_mtok_out: float = 0.0
+
+    # ---- logs -----------------------------------------------------------------------------
+    log_format: Literal["console", "json"] = "console"
+    log_level: str = "INFO"
+
+    # ---- determinism ------------------------------------------------------------------------
+    seed: int = 0
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'koi.db').resolve()}"
+
+
+@cache
+def get_settings() -> Settings:
+    return Settings()

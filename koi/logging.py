@@ -1,0 +1,47 @@
+"""structlog, configured once: console in development, JSON in production.
+
+Library code takes a logger with :func:`get_logger` and binds context
+(cluster, tick, job, rank) with ``log.bind(...)``; it never prints.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_configured = False
+
+
+def configure(fmt: str | None = None, level: str | None = None) -> None:
+    """Configure structlog and the stdlib root logger. Idempotent."""
+    global _configured
+    from koi.config import get_settings
+
+    s = get_settings()
+    fmt = fmt or s.log_format
+    lvl = getattr(logging, (level or s.log_level).upper(), logging.INFO)
+    processors: list = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
+    ]
+    renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[*processors, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    logging.basicConfig(level=lvl, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    _configured = True
+
+
+def get_logger(name: str | None = None, **bound: object) -> structlog.stdlib.BoundLogger:
+    if not _configured:
+        configure()
+    log = structlog.get_logger(name) if name else structlog.get_logger()
+    return log.bind(**bound) if bound else log
