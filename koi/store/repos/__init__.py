@@ -1,0 +1,1 @@
+"""Typed repositories, one module per concern. Callers never write SQL."""
