@@ -17,7 +17,12 @@ install: $(STAMP)
 
 ## the main job on the embedded default (SQLite, Temporal dev server, simulated fleet)
 run: $(STAMP)
-	$(BIN)/koi demo $(ARGS)
+	@if $(BIN)/koi --help | grep -qw demo; then \
+	  $(BIN)/koi demo $(ARGS); \
+	else \
+	  $(BIN)/koi db upgrade && $(BIN)/koi catalog gpus && $(BIN)/koi catalog models && \
+	  $(BIN)/koi catalog instances --cloud aws; \
+	fi
 
 ## every test (starts the local PostgreSQL when it is down)
 test: $(STAMP)
