@@ -1,0 +1,178 @@
+"""S2 validate: residuals → applicable mechanisms → (V-CUSUM, Y-CUSUM) → quadrant → ICP → EvidenceRow.
+
+Whitepaper "Tick Algorithm" and "Closing the Loop": observation is scoped to the rank,
+verdicts to the mechanism. One rank gives one set of V/Y trajectories; every mechanism
+whose scope the rank satisfies filters them through its own bundle into its own
+(V verdict, Y verdict) and quadrant. S2 only *writes* evidence (one EvidenceRow per
+(tick, rank)); S3 applies it.
+
+Choices where the spec is vague (and why):
+- **Residuals** r_k = observed_k − predicted for every variable the rank both reported
+  and had predicted (the prediction is a scalar, broadcast over the sub-tick samples).
+- **Bundle verdict.** A mechanism's V bundle is DIVERGED if *any* of its mediators
+  diverged, likewise its Y bundle: the mechanism claims all its mediators and outcomes,
+  so one failed claim is a failed bundle.
+- **Decided pairs.** A mechanism is decided on a rank only if its scope holds, every
+  variable of its bundles was observed *and* predicted, and the window has at least
+  ``CusumConfig.min_samples`` samples (a shorter window cannot fire CUSUM at all, and
+  would inflate Q1). The rank's committed mechanism gets no special treatment: outside
+  its scope it claims nothing.
+- A rank without a prediction (or without telemetry samples) still gets its row, with
+  no CUSUM results and no mechanisms, so "one row per (tick, rank)" holds and the gap is
+  visible.
+- **ICP** is computed once per edge per tick over the window's history plus this
+  tick's samples (:mod:`koi.evidence.icp`), and each row records the verdicts of the
+  edges it exercised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from koi.causal.mechanisms import Mechanism, applies
+from koi.domain.common import KoiModel
+from koi.domain.telemetry import (
+    CusumResult,
+    EvidenceRow,
+    MechanismEvidence,
+    Prediction,
+    Quadrant,
+    TelemetryWindow,
+    Verdict,
+)
+from koi.evidence.cusum import CusumConfig, CusumTable, run_cusum
+from koi.evidence.icp import IcpConfig, IcpResult, IcpSample, icp_samples_for_row, icp_verdicts
+from koi.logging import get_logger
+
+log = get_logger(__name__)
+
+
+class RankContext(KoiModel):
+    """What S2 needs to know about a rank from the snapshot: identity and scope features."""
+
+    rank_id: str
+    job_id: str
+    env_id: str
+    features: dict[str, Any] = Field(default_factory=dict, description="koi.causal.features.rank_features output")
+    committed_mechanism_id: str | None = None
+
+
+class ValidateInputs(KoiModel):
+    cluster_id: str
+    tick: int = Field(ge=0)
+    ranks: list[RankContext] = Field(default_factory=list)
+    predictions: dict[str, Prediction] = Field(default_factory=dict, description="rank_id → stored prediction")
+    telemetry: dict[str, TelemetryWindow] = Field(default_factory=dict, description="rank_id → observed window")
+    mechanisms: list[Mechanism] = Field(default_factory=list)
+    cusum_table: CusumTable = Field(default_factory=CusumTable)
+    icp_history: list[IcpSample] = Field(default_factory=list, description="samples of past ticks (see icp_history_from)")
+    sigma_history: dict[str, dict[str, list[float]]] = Field(
+        default_factory=dict, description="rank_id → variable → past windows' robust σ (see sigma_history_from_rows)"
+    )
+    cusum_config: CusumConfig = Field(default_factory=CusumConfig)
+    icp_config: IcpConfig = Field(default_factory=IcpConfig)
+
+
+class ValidationOutput(KoiModel):
+    rows: list[EvidenceRow]
+    icp: dict[str, IcpResult] = Field(default_factory=dict)
+    samples: list[IcpSample] = Field(default_factory=list, description="this tick's ICP samples")
+
+
+def bundle_verdict(results: Mapping[str, CusumResult], names: Iterable[str]) -> Verdict:
+    """DIVERGED if any member diverged (see module docstring)."""
+    return Verdict.DIVERGED if any(results[n].verdict is Verdict.DIVERGED for n in names) else Verdict.MATCHED
+
+
+def evaluate_mechanism(mechanism: Mechanism, results: Mapping[str, CusumResult]) -> MechanismEvidence | None:
+    """The mechanism's (V verdict, Y verdict, quadrant) on one rank, or None when its bundle is not observed."""
+    v_names, y_names = mechanism.v_bundle, mechanism.y_bundle
+    if any(n not in results for n in (*v_names, *y_names)):
+        return None
+    v = bundle_verdict(results, v_names)
+    y = bundle_verdict(results, y_names)
+    return MechanismEvidence(
+        mechanism_id=mechanism.mechanism_id, v_verdict=v, y_verdict=y, quadrant=Quadrant.of(v, y),
+        edges=list(mechanism.edge_ids),
+    )
+
+
+def residuals_of(window: TelemetryWindow, prediction: Prediction) -> dict[str, list[float]]:
+    names = sorted(set(window.series) & set(prediction.values))
+    return {n: (np.asarray(window.series[n], dtype=float) - float(prediction.values[n])).tolist() for n in names}
+
+
+def _validate_rank(inp: ValidateInputs, ctx: RankContext | None, window: TelemetryWindow,
+                   mechanisms: list[Mechanism]) -> EvidenceRow:
+    pred = inp.predictions.get(window.rank_id)
+    row = EvidenceRow(
+        cluster_id=inp.cluster_id, tick=inp.tick, job_id=window.job_id, rank_id=window.rank_id,
+        env_id=window.env_id, n_samples=window.n_samples,
+    )
+    if pred is None or window.n_samples == 0:
+        log.info("s2.rank_untestable", cluster=inp.cluster_id, tick=inp.tick, job=window.job_id,
+                 rank=window.rank_id, reason="no prediction" if pred is None else "no samples")
+        return row
+    res = residuals_of(window, pred)
+    results = run_cusum(res, pred.values, inp.cusum_table, inp.cusum_config,
+                        inp.sigma_history.get(window.rank_id))
+    row.residuals = res
+    row.cusum = [results[k] for k in sorted(results)]
+    if ctx is None or window.n_samples < inp.cusum_config.min_samples:
+        return row
+    evs = []
+    for m in mechanisms:
+        if not applies(m, ctx.features):
+            continue
+        me = evaluate_mechanism(m, results)
+        if me is not None:
+            evs.append(me)
+    row.mechanisms = evs
+    return row
+
+
+def validate_detailed(inputs: ValidateInputs) -> ValidationOutput:
+    """S2 with its ICP working shown (the per-edge test results and this tick's samples)."""
+    ctx = {r.rank_id: r for r in inputs.ranks}
+    mechanisms = sorted(inputs.mechanisms, key=lambda m: m.mechanism_id)
+    rows = [
+        _validate_rank(inputs, ctx.get(rid), inputs.telemetry[rid], mechanisms)
+        for rid in sorted(inputs.telemetry)
+    ]
+    samples: list[IcpSample] = []
+    for row in rows:
+        samples.extend(icp_samples_for_row(row, inputs.predictions.get(row.rank_id)))
+    exercised = sorted({e for row in rows for me in row.mechanisms for e in me.edges})
+    history = [s for s in inputs.icp_history if s.tick < inputs.tick]
+    results = icp_verdicts(exercised, [*history, *samples], inputs.tick, inputs.icp_config)
+    for row in rows:
+        row.icp = {e: results[e].verdict for e in sorted({e for me in row.mechanisms for e in me.edges})}
+    log.info("s2.validated", cluster=inputs.cluster_id, tick=inputs.tick, ranks=len(rows),
+             decided=sum(len(r.mechanisms) for r in rows), edges_tested=len(exercised))
+    return ValidationOutput(rows=rows, icp=results, samples=samples)
+
+
+def validate(inputs: ValidateInputs) -> list[EvidenceRow]:
+    """S2: one EvidenceRow per (tick, rank) with telemetry. Pure: same inputs, same rows."""
+    return validate_detailed(inputs).rows
+
+
+def sigma_history_from_rows(rows: Iterable[EvidenceRow], before_tick: int, k: int = 5) -> dict[str, dict[str, list[float]]]:
+    """rank → variable → the robust σ of its last ``k`` windows before ``before_tick`` (oldest first)."""
+    per: dict[str, list[EvidenceRow]] = {}
+    for r in rows:
+        if r.tick < before_tick:
+            per.setdefault(r.rank_id, []).append(r)
+    out: dict[str, dict[str, list[float]]] = {}
+    for rid, rs in per.items():
+        rs = sorted(rs, key=lambda r: r.tick)[-k:] if k else []
+        hist: dict[str, list[float]] = {}
+        for r in rs:
+            for c in r.cusum:
+                hist.setdefault(c.variable, []).append(c.residual_std)
+        out[rid] = hist
+    return out
