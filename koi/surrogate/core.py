@@ -1,0 +1,964 @@
+"""S(x, e, W) → (V̂, Ŷ): the surrogate's vectorised core (whitepaper, "The Surrogate Stack";
+overview §2.3; sizing from "The Agentic Planner").
+
+Composition, per candidate chain (all candidates of a call are solved together in numpy):
+
+1. C2 feasibility and instance links (:mod:`koi.surrogate.feasibility`);
+2. decode and marginal-prefill iteration tables from koi.perf's measured-operator step
+   model (:mod:`koi.surrogate.physics`), rescaled by the model's measured speed ratios or
+   its nearest profiled architecture's (:mod:`koi.surrogate.profiles`), and by the
+   iteration speed learned for the candidate's scope (:meth:`ResidualModel.speed`);
+3. the steady state under the offered load (:mod:`koi.surrogate.queueing`): live batch,
+   iteration time, p99 TTFT/TPOT, queue, saturation;
+4. memory and KV mediators from koi.perf's memory plan;
+5. learned output corrections (:mod:`koi.surrogate.residual`), then cost per token and
+   SLO margin from koi.outcomes. ``base_values`` are steps 1–4 without anything learned.
+
+Rank-level conventions (choices where the spec is vague):
+
+- a rank's n replicas share its offered load equally (round-robin router);
+- latencies and mediators are those of one engine (as the simulator's telemetry reports
+  them: per-engine means); ``throughput_tokens_per_sec`` and ``preemption_rate`` are rank
+  totals;
+- ``throughput_tokens_per_sec`` is output tokens/s actually served (min of offered and
+  saturation); ``cost_per_token`` is the rank's $/h over it (koi.outcomes);
+- batch jobs with no offered rate run saturated: offered = the replicas' saturation rate;
+- ``gpu_mem_used_fraction`` counts weights, activation peak, reserve and the KV blocks in
+  use (not the preallocated pool); ``vram_headroom_gb`` is VRAM minus that, per GPU;
+- ``per_tok_comm_bytes``: payload bytes handed to collectives per *output* token: two TP
+  all-reduces of hidden×bf16 per layer and ``2·hidden`` bf16 per pipeline boundary for
+  every processed token (prompt and output), divided by the output tokens;
+- ``preemption_rate``: a request is preempted when it arrives while the decoding population
+  (mean and spread from the queueing model's birth–death law) exceeds what the KV pool holds
+  at the mean footprint, so the rate is ``λ · P(N > B_kv)`` (normal approximation);
+  ``kv_pressure_score`` = (KV in use
+  ``B · (isl_computed + osl/2)`` + the prompts of the queue) / KV capacity.
+
+The utilisation cap for online jobs is Appendix B's UTILIZATION = 0.8: a replica's
+capacity is the largest rate at most 0.8 × saturation whose predicted p99 TTFT and TPOT
+(after residual correction) meet the job's targets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from koi import catalog, outcomes
+from koi.domain.chain import Chain, Ladder, Rank
+from koi.domain.common import JobClass
+from koi.domain.hardware import Environment
+from koi.domain.job import Job
+from koi.domain.model import ModelArch
+from koi.logging import get_logger
+from koi.surrogate import queueing
+from koi.surrogate.physics import B_GRID, ChainPhysics, WorkloadDigest, chain_physics, chain_tables
+from koi.surrogate.profiles import ProfileBook
+from koi.surrogate.residual import ResidualModel
+from koi.surrogate.scope import Scope
+from koi.surrogate.types import LadderPrediction, RankPrediction
+
+log = get_logger(__name__)
+
+UTILIZATION_CAP = 0.8  # Appendix B, "Online per-replica utilization cap"
+#: Residual effects a nearest-architecture prediction leaves out: the neighbour's measured ratio
+#: on this GPU already carries the hardware's and its environments' deviation.
+_NEAREST_SKIP = ("gpu", "env")
+#: Load of a batch job's replicas when it names no rate: just below saturation (the queue of
+#: pending requests keeps every replica full; 0.98 keeps the heavy-traffic formulas finite).
+BATCH_LOAD = 0.98
+
+#: Prior relative σ of each objective before residuals exist, read off `koi surrogate eval`
+#: (median absolute errors of the simulator grid before learning: p99 TTFT ~27%, p99 TPOT
+#: ~19%, throughput ~2%; silicon TPOT ~7-13%): a σ near the typical miss, not the p90 tail
+#: (the DRO band adds the tail through ε and, once they exist, the residual quantiles).
+SIGMA_PRIOR: dict[str, float] = {
+    "p99_ttft_ms": 0.35,
+    "p99_tpot_ms": 0.20,
+    "throughput_tokens_per_sec": 0.05,
+    "cost_per_token": 0.05,
+    "slo_margin": 0.25,
+}
+#: σ multipliers for predictions resting on borrowed data or on fragile regimes.
+UNCERTAINTY = {"rescaled_gpu": 1.5, "nearest_arch": 1.3, "tp_across_nodes": 1.25, "near_saturation": 1.5}
+#: pseudo-records after which residual support has halved the extra uncertainty.
+SUPPORT_HALF = 5.0
+
+
+class SurrogateError(ValueError):
+    """The surrogate cannot predict for these inputs (unknown model or GPU, malformed request)."""
+
+
+# ---- outputs of the batch API ----------------------------------------------------------------------
+@dataclass
+class BatchPrediction:
+    """Predictions for n candidate ranks (struct of arrays; rank-level values by registry name)."""
+
+    chains: list[Chain]
+    n_replicas: np.ndarray
+    offered_rps: np.ndarray
+    values: dict[str, np.ndarray]
+    base_values: dict[str, np.ndarray]
+    feasible: np.ndarray
+    reasons: list[tuple[str, ...]]
+    flags: list[tuple[str, ...]]
+    uncertainty: np.ndarray
+    capacity_rps: np.ndarray  # per replica
+    saturation_rps: np.ndarray  # per replica
+    hourly_cost: np.ndarray  # rank $/h
+    aux: dict[str, np.ndarray]
+    scopes: list[Scope | None]
+    job: Job
+    sigma_rel: dict[str, float] = field(default_factory=dict)
+    support: np.ndarray | None = None  # PerfDB records in each candidate's exact scope
+
+    def __len__(self) -> int:
+        return len(self.chains)
+
+    def rank(self, i: int) -> RankPrediction:
+        """Candidate ``i`` as a RankPrediction."""
+        c = self.chains[i]
+        j = self.job
+        vals = {k: float(v[i]) for k, v in self.values.items()}
+        base = {k: float(v[i]) for k, v in self.base_values.items()}
+        u = float(self.uncertainty[i])
+        scope = self.scopes[i] or _scope(j, c, catalog.model(j.model))
+        return RankPrediction(
+            job_id=j.job_id,
+            model=j.model,
+            env_id=c.env.env_id,
+            gpu_type=c.env.gpu_type,
+            config=c.config,
+            n_replicas=int(self.n_replicas[i]),
+            offered_rps=float(self.offered_rps[i]),
+            per_replica_rps=float(self.offered_rps[i] / max(self.n_replicas[i], 1)),
+            values=vals,
+            base_values=base,
+            flags=list(self.flags[i]),
+            uncertainty=u,
+            sigma_rel={k: s * u for k, s in self.sigma_rel.items()},
+            feasible=bool(self.feasible[i]),
+            reasons=list(self.reasons[i]),
+            capacity_rps=float(self.capacity_rps[i]),
+            saturation_rps=float(self.saturation_rps[i]),
+            hourly_cost=float(self.hourly_cost[i]),
+            target_ttft_ms=j.slo.p99_ttft_ms if j.job_class is JobClass.ONLINE else None,
+            target_tpot_ms=j.slo.p99_tpot_ms if j.job_class is JobClass.ONLINE else None,
+            residual_support=int(self.support[i]) if self.support is not None else 0,
+            scope=scope,
+        )
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What one replica of a chain sustains for a job."""
+
+    rps: float  # under the utilisation cap and the p99 targets (online); saturation (batch)
+    tokens_per_sec: float
+    saturation_rps: float
+    limited_by: str  # utilization | p99_ttft_ms | p99_tpot_ms | saturation | infeasible
+    feasible: bool
+    reasons: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+
+
+# ---- helpers -------------------------------------------------------------------------------------------
+def _scope(job: Job, chain: Chain, arch: ModelArch) -> Scope:
+    return _scope_cached(chain, arch.name, arch.family, float(job.workload.isl), float(job.workload.osl))
+
+
+@lru_cache(maxsize=65536)
+def _scope_cached(chain: Chain, model: str, family: str, isl: float, osl: float) -> Scope:
+    c = chain.config
+    return Scope.of(
+        env_id=chain.env.env_id,
+        gpu_type=chain.env.gpu_type,
+        model=model,
+        family=family,
+        tp=c.tp,
+        pp=c.pp,
+        weight_dtype=c.weight_dtype.value,
+        engine=c.engine_name,
+        isl=isl,
+        osl=osl,
+    )
+
+
+def catalog_gpu_hour_price(env: Environment, instance_type: str | None) -> float:
+    """$/GPU-hour of the chain's instance in the environment's region and market (catalog list price).
+
+    When the catalog does not sell that shape in that region (or has no spot price), the cheapest
+    listed on-demand price of the shape is used.
+    """
+    insts = [catalog.instance(env.cloud, instance_type)] if instance_type else catalog.instances_for_gpu(env.gpu_type, env.cloud)
+    if not insts:
+        raise SurrogateError(f"no {env.gpu_type} instance on {env.cloud} to price")
+    best = math.inf
+    for inst in insts:
+        try:
+            p = inst.hourly_price(env.region, env.market)
+        except ValueError:
+            p = min(r.on_demand_hourly for r in inst.prices)
+        best = min(best, p / inst.gpu_count)
+    return float(best)
+
+
+def _norm_cdf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import ndtr
+
+    return ndtr(x)
+
+
+# ---- the surrogate -----------------------------------------------------------------------------------
+class Surrogate:
+    """The planner's forward model. Pure given (residuals, profiles): no I/O, deterministic.
+
+    ``residuals``: learned corrections (``ResidualModel.fit(records)``); none by default.
+    ``profiles``: measured speed ratios for the nearest-architecture rule (a ProfileBook; see
+    :meth:`from_records`), ``"silicon"`` for aiconfigurator-core's measured rows, or None.
+
+    Choice: silicon profiles are opt-in. They describe real H100/H200 silicon (engine
+    scheduling artefacts included); in the simulated world, whose physics is the operator
+    model itself, they would import deviations that world does not have. A real fleet turns
+    them on; the PerfDB profiles of :meth:`from_records` apply everywhere.
+    """
+
+    def __init__(
+        self,
+        residuals: ResidualModel | None = None,
+        profiles: ProfileBook | str | None = None,
+        *,
+        utilization_cap: float = UTILIZATION_CAP,
+    ):
+        self.residuals = residuals or ResidualModel.empty()
+        self._profiles_arg = profiles
+        self._profiles: ProfileBook | None = profiles if isinstance(profiles, ProfileBook) else None
+        self.utilization_cap = utilization_cap
+        self._prof_cache: dict[tuple[str, str], tuple[float, float, str | None]] = {}
+
+    @classmethod
+    def from_records(cls, records: Sequence, *, silicon: bool = False, **kw) -> Surrogate:
+        """A surrogate that has learned from PerfDB records: residual corrections, and measured
+        profiles for the nearest-architecture rule (plus the silicon ones when ``silicon``)."""
+        residuals = ResidualModel.fit(records)
+        book = ProfileBook.from_residuals(residuals)
+        if silicon:
+            from koi.surrogate.silicon import silicon_profiles
+
+            book = book.merged(silicon_profiles())
+        return cls(residuals=residuals, profiles=book, **kw)
+
+    # ---- profiles ------------------------------------------------------------------------------------
+    @property
+    def profiles(self) -> ProfileBook:
+        if self._profiles is None:
+            if self._profiles_arg == "silicon":
+                from koi.surrogate.silicon import silicon_profiles
+
+                self._profiles = silicon_profiles()
+            else:
+                self._profiles = ProfileBook()
+        return self._profiles
+
+    def _profile(self, arch: ModelArch, gpu: str, engine: str) -> tuple[float, float, str | None]:
+        key = (arch.name, gpu, engine)
+        if key not in self._prof_cache:
+            self._prof_cache[key] = self.profiles.lookup(arch, gpu, catalog.models(), engine)
+        return self._prof_cache[key]
+
+    # ---- feasibility ---------------------------------------------------------------------------------
+    @staticmethod
+    def feasibility(model: str | ModelArch, chain: Chain, job: Job | None = None) -> tuple[bool, list[str]]:
+        from koi.surrogate.feasibility import feasibility
+
+        return feasibility(model, chain, job.workload if job is not None else None)
+
+    # ---- the vectorised evaluation -----------------------------------------------------------------------
+    def _physics(self, arch: ModelArch, chains: Sequence[Chain], d: WorkloadDigest) -> list[ChainPhysics]:
+        key = d.lengths_key
+        out = []
+        for c in chains:
+            try:
+                out.append(chain_physics(arch.name, c.env.gpu_type, c.env.cloud, c.config, key))
+            except catalog.CatalogError as exc:
+                raise SurrogateError(str(exc)) from exc
+        return out
+
+    def _prepare(self, arch: ModelArch, d: WorkloadDigest, phys: list[ChainPhysics], profile: bool = True) -> _Prep:
+        """Per-candidate arrays of the feasible chains in ``phys`` (tables, memory, knobs, flags)."""
+        mats, scal, flags = [], [], []
+        osl_r = float(round(d.osl))
+        for p in phys:
+            cfg = p.chain_key[3]
+            hit = d.hit_rate(cfg.prefix_caching)
+            fp, fd, flag = self._profile(arch, p.chain_key[1], cfg.engine_name) if profile else (1.0, 1.0, None)
+            mat, sc = _prep_row(p, hit, float(max(round(d.isl * (1.0 - hit)), 1)),
+                                float(max(round(d.isl_p99 * (1.0 - hit)), 1)), osl_r, fp, fd)  # fmt: skip
+            mats.append(mat)
+            scal.append(sc)
+            flags.append(tuple(p.flags) + ((flag,) if flag else ()))
+        M = np.stack(mats) if mats else np.zeros((0, len(_ROW_KEYS), len(B_GRID)))
+        S = np.stack(scal) if scal else np.zeros((0, len(_SCALAR_KEYS)))
+        rows = {k: M[:, i, :] for i, k in enumerate(_ROW_KEYS)}
+        f = {k: S[:, i] for i, k in enumerate(_SCALAR_KEYS)}
+        f["isl_eff"] = np.maximum(d.isl * (1.0 - f["hit"]), 1.0)
+        f["isl99_eff"] = np.maximum(d.isl_p99 * (1.0 - f["hit"]), 1.0)
+        f["per_seq_kv"] = f["isl_eff"] + d.osl / 2.0 + f["block"] / 2.0
+        f["b_kv"] = f["kv_tok"] / f["per_seq_kv"]
+        # B_GRID tops at 4096 sequences; max_num_seqs above it is clamped there.
+        f["b_cap"] = np.maximum(np.minimum(np.minimum(f["mseq"], np.floor(f["b_kv"])), B_GRID[-1]), 1.0)
+        return _Prep(d, rows, f, flags)
+
+    def _run(self, prep: _Prep, lam_replica: np.ndarray, closed: np.ndarray | None = None
+             ) -> tuple[queueing.LoadResult, dict[str, np.ndarray]]:  # fmt: skip
+        """Steady state of prepared candidates at per-replica rates (or closed-loop concurrencies)."""
+        d, rows, f, ix = prep.d, prep.rows, prep.f, prep.index
+        n = len(f["dp"])
+        ones = np.ones(n)
+        inp = queueing.LoadInputs(
+            lam=np.asarray(lam_replica, dtype=float) / f["dp"],
+            isl=f["isl_eff"],
+            isl_p99=f["isl99_eff"],
+            isl_cv=ones * d.isl_cv,
+            osl=ones * d.osl,
+            osl_p05=ones * d.osl_p05,
+            osl_cv=ones * d.osl_cv,
+            ca=ones * d.ca,
+            b_grid=B_GRID,
+            t_dec=rows["t_dec"],
+            c_pf=rows["cpf"],
+            c_pf_p99=rows["cpf99"],
+            b_cap=f["b_cap"],
+            budget=f["budget"],
+            chunked=f["chunked"].astype(bool),
+            rows=ix,
+        )
+        res = queueing.solve(inp) if closed is None else queueing.solve_closed_loop(inp, closed)
+        b_at = np.maximum(res.batch_seen, 1.0)
+        share = res.prefill_share
+
+        def ir(table: np.ndarray) -> np.ndarray:
+            return queueing.interp_rows(B_GRID, table, b_at, ix)
+
+        extra = dict(f)
+        extra["comm"] = (1 - share) * ir(rows["comm_dec"]) + share * ir(rows["comm_mix"])
+        extra["bubble"] = (1 - share) * ir(rows["bub_dec"]) + share * ir(rows["bub_mix"])
+        return res, extra
+
+    def _solve(self, arch: ModelArch, d: WorkloadDigest, phys: list[ChainPhysics], lam_replica: np.ndarray, *,
+               closed_concurrency: np.ndarray | None = None, profile: bool = True):  # fmt: skip
+        """:meth:`_prepare` + :meth:`_run` (steady state of feasible chains)."""
+        prep = self._prepare(arch, d, phys, profile)
+        res, extra = self._run(prep, lam_replica, closed_concurrency)
+        return res, extra, prep.flags
+
+    def _saturation(self, prep: _Prep) -> np.ndarray:
+        """Per-replica saturation req/s, solved at full batch (so prompt cost is taken at B_cap)."""
+        res, x = self._run(prep, np.full(len(prep.flags), 1e12))
+        return res.lam_sat * x["dp"]
+
+    def _values(
+        self, arch: ModelArch, d: WorkloadDigest, res: queueing.LoadResult, x: dict[str, np.ndarray], n_rep: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """Rank-level V and Y (before derived outcomes), registry names."""
+        dp = x["dp"]
+        kv_tok = np.maximum(x["kv_tok"], 1.0)
+        kv_util = np.minimum(res.batch * x["per_seq_kv"] / kv_tok, 1.0)
+        # demand: blocks in use plus the blocks the queued prompts need (the simulator's definition)
+        pressure = (res.batch * x["per_seq_kv"] + res.queue_depth * x["isl_eff"]) / kv_tok
+        used = x["weights"] + x["act"] + x["reserve"] + kv_util * x["kv_bytes"]
+        # P(decoding population > KV-limited batch), normal approximation of the population law
+        b = np.maximum(res.batch, 1e-9)
+        p_over = 1.0 - _norm_cdf((x["b_kv"] - b) / np.maximum(res.batch_sd, 1.0))
+        preempt = res.lam_served * dp * p_over * n_rep
+        tokens_per_out = (x["isl_eff"] + d.osl) / max(d.osl, 1.0)
+        h = arch.hidden_size
+        tp, pp = x["tp"], x["pp"]
+        # payload per processed token: 2 TP all-reduces of hidden×bf16 per layer, 2·hidden bf16 per
+        # pipeline boundary; per output token: the vocabulary all-gather of the sampled row
+        per_tok = 2.0 * arch.num_layers * h * 2.0 * (tp > 1) + (pp - 1) * 2.0 * h * 2.0
+        vocab = arch.vocab_size * 2.0 * (tp > 1)
+        return {
+            "throughput_tokens_per_sec": res.lam_served * dp * d.osl * n_rep,
+            "p99_ttft_ms": (res.ttft_p99 + x["request_s"]) * 1e3,
+            "p99_tpot_ms": res.tpot_p99 * 1e3,
+            "kv_cache_util": kv_util,
+            "kv_pressure_score": pressure,
+            "gpu_mem_used_fraction": used / x["vram"],
+            "vram_headroom_gb": (x["vram"] - used) / 1e9,
+            "pipeline_bubble_fraction": x["bubble"],
+            "comm_overhead_pct": 100.0 * x["comm"],
+            "per_tok_comm_bytes": per_tok * tokens_per_out + vocab,
+            "kvcache_hit_rate": x["hit"],
+            "live_batch_size": res.batch,
+            "queue_depth": res.queue_depth,
+            "preemption_rate": preempt,
+            "input_length_observed": np.full(len(b), d.isl),
+            "output_length_observed": np.full(len(b), d.osl),
+        }
+
+    # ---- public: many candidates ----------------------------------------------------------------------------
+    def predict_many(
+        self,
+        job: Job,
+        chains: Sequence[Chain],
+        *,
+        offered_rps: float | Sequence[float] | np.ndarray | None = None,
+        n_replicas: int | Sequence[int] | np.ndarray = 1,
+        price_per_gpu_hour: float | Sequence[float] | np.ndarray | None = None,
+        tokens_remaining: float | None = None,
+        seconds_left: float | None = None,
+        with_capacity: bool = True,
+        speed: float | Sequence[float] | np.ndarray | None = None,
+    ) -> BatchPrediction:
+        """Predictions for many candidate ranks of one job (the planner's hot path).
+
+        ``offered_rps``: the rate offered to each rank (default: the job's arrival rate; batch
+        jobs without one run saturated). ``price_per_gpu_hour`` default: catalog list price of
+        the chain's instance in its environment. ``tokens_remaining``/``seconds_left`` feed the
+        batch SLO margin (default: the job's whole budget and deadline). ``with_capacity=False``
+        skips the capacity search (``capacity_rps`` is then 0) for scoring at a fixed load only.
+        ``speed`` multiplies every iteration time of each candidate (a what-if, and how the
+        residual learner probes the physics); the learned speed of the candidate's scope
+        (:meth:`ResidualModel.speed`) is applied on top.
+        """
+        try:
+            arch = catalog.model(job.model)
+        except catalog.CatalogError as exc:
+            raise SurrogateError(str(exc)) from exc
+        chains = list(chains)
+        n = len(chains)
+        d = WorkloadDigest.of(job.workload)
+        n_rep = np.broadcast_to(np.asarray(n_replicas, dtype=float), (n,)).copy()
+        if price_per_gpu_hour is None:
+            price = np.array([_cached_price(c.env, c.config.instance_type) for c in chains])
+        else:
+            price = np.broadcast_to(np.asarray(price_per_gpu_hour, dtype=float), (n,)).copy()
+        gpus = np.array([c.config.gpus for c in chains], dtype=float)
+        hourly = price * gpus * n_rep
+        phys = self._physics(arch, chains, d)
+        ok = np.array([p.feas.ok for p in phys], dtype=bool)
+        is_online = job.job_class is JobClass.ONLINE
+        if offered_rps is None:
+            rate = job.workload.arrival.rate_rps
+            offered = np.full(n, rate if (is_online or rate > 0) else np.nan)
+        else:
+            offered = np.broadcast_to(np.asarray(offered_rps, dtype=float), (n,)).copy()
+
+        names = _ALL_NAMES
+        vals = {k: np.full(n, np.nan) for k in names}
+        base = {k: np.full(n, np.nan) for k in names}
+        unc = np.ones(n)
+        cap = np.zeros(n)
+        sat = np.zeros(n)
+        aux = {k: np.full(n, np.nan) for k in ("ttft_mean_ms", "tpot_mean_ms", "utilization", "batch_cap")}
+        flags: list[tuple[str, ...]] = [tuple(p.flags) for p in phys]
+        reasons: list[tuple[str, ...]] = [tuple(p.feas.reasons) for p in phys]
+        scopes: list[Scope | None] = [None] * n
+        support = np.zeros(n, dtype=int)
+        idx = np.flatnonzero(ok)
+        if len(idx):
+            ph = [phys[i] for i in idx]
+            prep = self._prepare(arch, d, ph)
+            fl = prep.flags
+            sc = [_scope(job, chains[i], arch) for i in idx]
+            skips = [_NEAREST_SKIP if any(f.startswith("nearest_arch:") for f in fl[j]) else () for j in range(len(idx))]
+            spd = self._speeds(sc, skips)
+            what_if = np.ones(len(idx)) if speed is None else np.broadcast_to(np.asarray(speed, dtype=float), (n,))[idx]
+            learned = bool(np.any(spd != 1.0))
+            if learned:
+                # the base (physics alone, what PerfDB stores and the learner inverts) needs its own run
+                base_prep = self._prepare(arch, d, ph)
+                base_prep.scale(what_if)
+            prep.scale(spd * what_if)
+            # saturation first (needed when a batch job runs saturated), then the offered load
+            sat_rep = self._saturation(prep)
+            off = offered[idx]
+            if learned:
+                sat_base = self._saturation(base_prep)
+                lam_rep = np.where(np.isnan(off), sat_rep * n_rep[idx] * BATCH_LOAD, off) / n_rep[idx]
+                res_b, x_b = self._run(base_prep, np.where(np.isnan(off), sat_base * BATCH_LOAD, lam_rep))
+                v_base = self._values(arch, d, res_b, x_b, n_rep[idx])
+            else:
+                lam_rep = np.where(np.isnan(off), sat_rep * n_rep[idx] * BATCH_LOAD, off) / n_rep[idx]
+            offered[idx] = lam_rep * n_rep[idx]
+            res, x = self._run(prep, lam_rep)
+            v = self._values(arch, d, res, x, n_rep[idx])
+            corr = self._correct(v, sc, skips)
+            corr["throughput_tokens_per_sec"] = np.minimum(corr["throughput_tokens_per_sec"], sat_rep * n_rep[idx] * d.osl)
+            if learned:
+                v = v_base
+            # capacity (per replica) under the cap and targets, corrected
+            cap_rep, limited = self._capacity(job, prep, sat_rep, sc, skips) if with_capacity else (np.zeros(len(idx)), [])
+            cap[idx], sat[idx] = cap_rep, sat_rep
+            for k in names:
+                if k in v:
+                    base[k][idx] = v[k]
+                    vals[k][idx] = corr[k]
+            for j, i in enumerate(idx):
+                extra_flags = list(fl[j])
+                if res.saturated[j]:
+                    extra_flags.append("saturated")
+                if v["kv_pressure_score"][j] > 1.0:
+                    extra_flags.append("kv_preemption")
+                flags[i] = tuple(dict.fromkeys(extra_flags))
+                scopes[i] = sc[j]
+            rho = res.rho
+            aux["ttft_mean_ms"][idx] = (res.ttft_mean + prep.f["request_s"]) * 1e3
+            aux["tpot_mean_ms"][idx] = res.t_step * 1e3
+            aux["utilization"][idx] = rho
+            aux["batch_cap"][idx] = x["b_cap"]
+            u = np.ones(len(idx))
+            for j in range(len(idx)):
+                m = 1.0
+                for fg in flags[idx[j]]:
+                    m *= UNCERTAINTY.get(fg.split(":", 1)[0], 1.0)
+                if rho[j] > 0.9:
+                    m *= UNCERTAINTY["near_saturation"]
+                support[idx[j]] = self.residuals.support(sc[j]) if self.residuals.n_records else 0
+                u[j] = 1.0 + (m - 1.0) * SUPPORT_HALF / (SUPPORT_HALF + support[idx[j]])
+            unc[idx] = u
+        # derived outcomes on both the base and the corrected values
+        for tgt in (base, vals):
+            tgt["cost_per_token"] = outcomes.cost_per_token(hourly, np.nan_to_num(tgt["throughput_tokens_per_sec"]))
+            if is_online:
+                tgt["slo_margin"] = outcomes.online_slo_margin(
+                    tgt["p99_ttft_ms"], tgt["p99_tpot_ms"], job.slo.p99_ttft_ms, job.slo.p99_tpot_ms
+                )
+            else:
+                rem = job.total_token_budget if tokens_remaining is None else tokens_remaining
+                left = job.slo.deadline_s if seconds_left is None else seconds_left
+                tgt["slo_margin"] = outcomes.batch_slo_margin(rem, left, np.nan_to_num(tgt["throughput_tokens_per_sec"]))
+            for k in names:
+                tgt[k] = np.where(ok, tgt[k], np.nan)
+        return BatchPrediction(
+            chains=chains,
+            n_replicas=n_rep,
+            offered_rps=np.nan_to_num(offered),
+            values=vals,
+            base_values=base,
+            feasible=ok,
+            reasons=reasons,
+            flags=flags,
+            uncertainty=unc,
+            capacity_rps=cap,
+            saturation_rps=sat,
+            hourly_cost=hourly,
+            aux=aux,
+            scopes=scopes,
+            job=job,
+            sigma_rel=dict(SIGMA_PRIOR),
+            support=support,
+        )
+
+    def _speeds(self, scopes: list[Scope], skips: list[tuple[str, ...]]) -> np.ndarray:
+        """Learned iteration-time multipliers of the candidates' scopes (1 when nothing was learned)."""
+        if not self.residuals.n_records:
+            return np.ones(len(scopes))
+        return np.array([self.residuals.speed(s, k) for s, k in zip(scopes, skips, strict=True)])
+
+    def _correct(self, v: dict[str, np.ndarray], scopes: list[Scope], skips: list[tuple[str, ...]]) -> dict[str, np.ndarray]:
+        if not self.residuals.n_records:
+            return {k: a.copy() for k, a in v.items()}
+        out = {}
+        fac = {
+            q: np.array([self.residuals.factor(q, s, sk) for s, sk in zip(scopes, skips, strict=True)])
+            for q in self.residuals.effects
+        }
+        for k, a in v.items():
+            out[k] = a * fac[k] if k in fac else a.copy()
+        return out
+
+    def _capacity(
+        self, job: Job, prep: _Prep, sat_rep: np.ndarray, scopes: list[Scope], skips: list[tuple[str, ...]]
+    ) -> tuple[np.ndarray, list[str]]:
+        """Per-replica sustainable req/s and what limits it (see the module docstring).
+
+        All candidates are solved at once at the cap; those whose p99 targets fail there are
+        bisected (vectorised, ``CAP_BISECT`` halvings of log rate) between a near-idle rate and the
+        cap — latency grows with load, so the largest rate meeting both targets is found. A chain
+        that misses a target even near idle has capacity 0 (limited by that target).
+        """
+        m = len(sat_rep)
+        if self.residuals.n_records:
+            f_tpot = np.array([self.residuals.factor("p99_tpot_ms", s, k) for s, k in zip(scopes, skips, strict=True)])
+            f_ttft = np.array([self.residuals.factor("p99_ttft_ms", s, k) for s, k in zip(scopes, skips, strict=True)])
+        else:
+            f_tpot = f_ttft = np.ones(m)
+        sat = sat_rep  # the learned speed is already in the prepared tables
+        if job.job_class is not JobClass.ONLINE:
+            return sat, ["saturation"] * m
+        tt_t, tp_t = job.slo.p99_ttft_ms, job.slo.p99_tpot_ms
+
+        def slack(sub: _Prep, lam: np.ndarray, fi: np.ndarray, fp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """log of the worse of (p99 TTFT / target, p99 TPOT / target): ≤ 0 where both hold."""
+            r, _ = self._run(sub, lam)
+            a = (r.ttft_p99 + sub.f["request_s"]) * 1e3 * fi / tt_t
+            b = r.tpot_p99 * 1e3 * fp / tp_t
+            return np.log(np.maximum(np.maximum(a, b), 1e-12)), a >= b
+
+        top = self.utilization_cap * sat
+        w_top, ttft_binds = slack(prep, top, f_ttft, f_tpot)
+        cap = np.where(w_top <= 0.0, top, 0.0)
+        limited = np.where(w_top <= 0.0, "utilization", np.where(ttft_binds, "p99_ttft_ms", "p99_tpot_ms")).tolist()
+        fail = np.flatnonzero(w_top > 0.0)
+        if len(fail):
+            # the targets fail at the cap: bisect in log(rate) between a near-idle rate and the cap
+            sub = prep.take(fail)
+            fi, fp = f_ttft[fail], f_tpot[fail]
+            lo = np.log(np.maximum(1e-3 * sat[fail], 1e-9))
+            hi = np.log(top[fail])
+            w_lo, _ = slack(sub, np.exp(lo), fi, fp)
+            possible = w_lo <= 0.0
+            for _ in range(CAP_BISECT):
+                mid = 0.5 * (lo + hi)
+                w_mid, _ = slack(sub, np.exp(mid), fi, fp)
+                good = w_mid <= 0.0
+                lo = np.where(good, mid, lo)
+                hi = np.where(good, hi, mid)
+            cap[fail] = np.where(possible, np.exp(lo), 0.0)
+        return cap, limited
+
+    # ---- public: one rank, one ladder, capacity ------------------------------------------------------------
+    def predict_rank(
+        self,
+        job: Job,
+        rank: Rank,
+        offered_rps: float | None = None,
+        price_per_gpu_hour: float | None = None,
+        **kw,
+    ) -> RankPrediction:
+        """S(x, e, W) for one rank at ``offered_rps`` (default: the job's arrival rate)."""
+        b = self.predict_many(job, [rank.chain], offered_rps=offered_rps, n_replicas=rank.n_replicas,
+                              price_per_gpu_hour=price_per_gpu_hour, **kw)  # fmt: skip
+        return b.rank(0)
+
+    def rank_capacity(self, job: Job, chain: Chain) -> Capacity:
+        """Max sustainable req/s (and output tok/s) of ONE replica of ``chain`` for ``job``."""
+        return self.capacity_many(job, [chain])[0]
+
+    def capacity_many(self, job: Job, chains: Sequence[Chain]) -> list[Capacity]:
+        try:
+            arch = catalog.model(job.model)
+        except catalog.CatalogError as exc:
+            raise SurrogateError(str(exc)) from exc
+        d = WorkloadDigest.of(job.workload)
+        phys = self._physics(arch, list(chains), d)
+        out: list[Capacity | None] = [None] * len(phys)
+        idx = [i for i, p in enumerate(phys) if p.feas.ok]
+        for i, p in enumerate(phys):
+            if not p.feas.ok:
+                out[i] = Capacity(0.0, 0.0, 0.0, "infeasible", False, tuple(p.feas.reasons), tuple(p.flags))
+        if idx:
+            ph = [phys[i] for i in idx]
+            prep = self._prepare(arch, d, ph)
+            fl = prep.flags
+            chains = list(chains)
+            sc = [_scope(job, chains[i], arch) for i in idx]
+            skips = [_NEAREST_SKIP if any(f.startswith("nearest_arch:") for f in fl[j]) else () for j in range(len(idx))]
+            prep.scale(self._speeds(sc, skips))
+            sat = self._saturation(prep)
+            cap, limited = self._capacity(job, prep, sat, sc, skips)
+            for j, i in enumerate(idx):
+                out[i] = Capacity(float(cap[j]), float(cap[j] * d.osl), float(sat[j]), limited[j], True, (), fl[j])
+        return [c for c in out if c is not None]
+
+    def predict_ladder(
+        self,
+        job: Job,
+        ladder: Ladder,
+        prices: Sequence[float] | Mapping[str, float] | None = None,
+        offered_rps: float | None = None,
+        **kw,
+    ) -> LadderPrediction:
+        """Ladder-level outcomes: the offered load split across ranks in proportion to capacity.
+
+        ``prices``: $/GPU-hour per rank (a sequence in rank order, or a mapping env_id → price);
+        default the catalog's. Combination (a choice; the spec says "ladder outcomes"):
+
+        - throughput: the sum over ranks; cost per token: all ranks' $/h over it (koi.outcomes);
+        - p99 TTFT/TPOT: the p99 of the *mixture* of the ranks' latency distributions weighted
+          by their load shares, each rank's tail exponential through its mean and p99 — equal
+          to the worst rank's p99 when it carries most load, and moving toward the others' as
+          its share falls below 1%; ladders never look better than their loaded ranks;
+        - mediators: load-weighted means; queue depth and preemption rate: sums;
+        - SLO margin from the ladder p99s (online) or the ladder throughput (batch).
+        """
+        ranks = ladder.ranks
+        price_list = _rank_prices(ranks, prices)
+        chains = [r.chain for r in ranks]
+        n_rep = np.array([r.n_replicas for r in ranks], dtype=float)
+        caps = self.capacity_many(job, chains)
+        cap_rank = np.array([c.rps for c in caps]) * n_rep
+        if cap_rank.sum() <= 0:
+            cap_rank = np.array([c.saturation_rps for c in caps]) * n_rep
+        total = job.workload.arrival.rate_rps if offered_rps is None else float(offered_rps)
+        online = job.job_class is JobClass.ONLINE
+        split = cap_rank / cap_rank.sum() if cap_rank.sum() > 0 else np.full(len(ranks), 1.0 / len(ranks))
+        per_rank = None if total <= 0 and not online else split * total  # None: a batch job runs saturated
+        preds: list[RankPrediction] = []
+        for i, r in enumerate(ranks):
+            b = self.predict_many(job, [r.chain], n_replicas=r.n_replicas, price_per_gpu_hour=price_list[i],
+                                  offered_rps=None if per_rank is None else per_rank[i], **kw)  # fmt: skip
+            preds.append(b.rank(0))
+        feasible = all(p.feasible for p in preds)
+        reasons = [f"rank {i}: {m}" for i, p in enumerate(preds) for m in p.reasons]
+        flags = sorted({f for p in preds for f in p.flags})
+        hourly = float(sum(p.hourly_cost for p in preds))
+        values = _combine_ladder(preds, split, job, hourly, **kw) if feasible else {}
+        return LadderPrediction(
+            job_id=job.job_id,
+            offered_rps=float(total if per_rank is not None else sum(p.offered_rps for p in preds)),
+            values=values,
+            ranks=preds,
+            load_split=[float(s) for s in split],
+            flags=flags,
+            uncertainty=max((p.uncertainty for p in preds), default=1.0),
+            feasible=feasible,
+            reasons=reasons,
+            capacity_rps=float(cap_rank.sum()) if feasible else 0.0,
+            hourly_cost=hourly,
+            total_gpus=ladder.total_gpus,
+        )
+
+    # ---- closed loop (fixed concurrency) -----------------------------------------------------------------
+    def closed_loop(
+        self,
+        model: str | ModelArch,
+        chains: Sequence[Chain],
+        isl: float,
+        osl: float,
+        concurrency: Sequence[float] | np.ndarray,
+        *,
+        profile: bool = True,
+        method: str = "replay",
+        ca: float = 1.0,
+    ) -> dict[str, np.ndarray]:
+        """Mean TTFT/TPOT (ms) of ``concurrency`` clients with fixed isl/osl, each sending its next
+        request when its previous one finishes (the silicon benchmark's workload).
+
+        ``method="replay"`` (default) schedules the engine iteration by iteration with koi.perf's
+        closed-loop replay (continuous batching, token budget, KV blocks, the engine's scheduler
+        policy) and times it with the same step model, under the silicon benchmark's protocol
+        as koi.perf emulates it (every client starts at once, means over its rounds, the
+        engine's per-request front-end time included); ``"analytic"`` uses the steady-state queueing model of
+        the open-loop path with renewal arrivals of CV ``ca`` (fast, but blind to the initial
+        burst and the wave synchronisation of a closed loop with fixed lengths). Both then apply the measured (or
+        nearest-architecture) speed ratios when ``profile``. Infeasible chains give NaN.
+        """
+        arch = model if isinstance(model, ModelArch) else catalog.model(model)
+        chains = list(chains)
+        d = WorkloadDigest.fixed(isl, osl, ca)
+        phys = self._physics(arch, chains, d)
+        n = len(chains)
+        out = {k: np.full(n, np.nan) for k in ("ttft_ms", "tpot_ms", "throughput_tps", "batch")}
+        flags: list[tuple[str, ...]] = [tuple(p.flags) for p in phys]
+        idx = np.flatnonzero([p.feas.ok for p in phys])
+        conc_all = np.broadcast_to(np.asarray(concurrency, dtype=float), (n,))
+        if len(idx) and method == "analytic":
+            res, x, fl = self._solve(arch, d, [phys[i] for i in idx], np.full(len(idx), 1e-6),
+                                     closed_concurrency=conc_all[idx], profile=profile)  # fmt: skip
+            out["ttft_ms"][idx] = (res.ttft_mean + x["request_s"]) * 1e3
+            out["tpot_ms"][idx] = res.t_step * 1e3
+            out["throughput_tps"][idx] = res.lam_served * x["dp"] * osl
+            out["batch"][idx] = res.batch
+            for j, i in enumerate(idx):
+                flags[i] = fl[j]
+        elif len(idx):
+            from koi.perf.memory import InfeasibleConfig
+            from koi.perf.replay import closed_loop_estimate
+
+            for i in idx:
+                p = phys[i]
+                cfg = p.chain_key[3]
+                fp, fd, flag = self._profile(arch, p.chain_key[1], cfg.engine_name) if profile else (1.0, 1.0, None)
+                try:
+                    # koi.perf's replay emulates the silicon benchmark's protocol (all clients start
+                    # together, ten rounds) and adds the engine's per-request front-end time
+                    r = closed_loop_estimate(arch, p.chain_key[1], cfg, int(round(isl)), int(round(osl)),
+                                             int(round(conc_all[i])), links=p.links, step=p.step)  # fmt: skip
+                except InfeasibleConfig:
+                    continue
+                out["ttft_ms"][i] = r.ttft_s * 1e3 * fp
+                out["tpot_ms"][i] = r.tpot_s * 1e3 * fd
+                out["throughput_tps"][i] = r.output_tps / fd
+                out["batch"][i] = r.mean_batch
+                flags[i] = tuple(p.flags) + ((flag,) if flag else ())
+        elif method not in ("replay", "analytic"):
+            raise SurrogateError(f"unknown closed-loop method {method!r}; expected 'replay' or 'analytic'")
+        out["flags"] = np.array(flags + [()], dtype=object)[:-1] if n else np.zeros(0, dtype=object)
+        return out
+
+
+# ---- module helpers ------------------------------------------------------------------------------------------
+#: Halvings of log(rate) in the capacity search (≈ 0.7% precision over the 10³ range searched).
+CAP_BISECT = 10
+
+
+_ROW_KEYS = ("t_dec", "cpf", "cpf99", "comm_dec", "comm_mix", "bub_dec", "bub_mix")
+_SCALAR_KEYS = ("hit", "budget", "chunked", "mseq", "kv_tok", "dp", "block", "weights", "act", "reserve", "vram",
+                "kv_bytes", "tp", "pp", "request_s")  # fmt: skip
+
+
+def _request_s(engine: str) -> float:
+    """koi.perf's fitted per-request front-end time (HTTP, tokenisation, streaming), added to TTFT
+    outside the engine iterations; 0 when perf has none fitted."""
+    from koi.perf.overheads import engine_overheads
+
+    return float(getattr(engine_overheads(engine), "request_s", 0.0))
+
+
+@lru_cache(maxsize=65536)
+def _prep_row(p: ChainPhysics, hit: float, isl_eff: float, isl99_eff: float, osl: float, fp: float, fd: float
+              ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """One candidate's table rows (``_ROW_KEYS`` × B_GRID) and scalars (``_SCALAR_KEYS``), cached."""
+    cfg = p.chain_key[3]
+    tab = chain_tables(p, isl_eff, isl99_eff, osl, int(cfg.max_num_batched_tokens))
+    mat = np.stack([tab.t_dec * fd, tab.c_pf * fp, tab.c_pf99 * fp, tab.comm_dec, tab.comm_mix, tab.bubble_dec,
+                    tab.bubble_mix])  # fmt: skip
+    mem = p.feas.memory
+    sc = np.array([hit, cfg.max_num_batched_tokens, float(cfg.chunked_prefill), cfg.max_num_seqs,
+                   mem.kv_capacity_tokens, cfg.dp, cfg.block_size, mem.weight_bytes, mem.activation_bytes,
+                   mem.reserve_bytes, mem.vram_bytes, mem.kv_bytes, cfg.tp, cfg.pp, _request_s(cfg.engine_name)],
+                  dtype=float)  # fmt: skip
+    mat.setflags(write=False)
+    sc.setflags(write=False)
+    return mat, sc
+
+
+@dataclass
+class _Prep:
+    """Prepared per-candidate arrays (see :meth:`Surrogate._prepare`). ``rows`` hold one table row
+    per distinct candidate; ``index`` maps each entry to its row (tiling shares the tables)."""
+
+    d: WorkloadDigest
+    rows: dict[str, np.ndarray]
+    f: dict[str, np.ndarray]
+    flags: list[tuple[str, ...]]
+    index: np.ndarray | None = None
+
+    def scale(self, speed: np.ndarray) -> None:
+        """Multiply every iteration time of each candidate by ``speed`` (in place; rows are per call)."""
+        if np.all(speed == 1.0):
+            return
+        sp = np.asarray(speed, dtype=float)[:, None]
+        for key in ("t_dec", "cpf", "cpf99"):
+            self.rows[key] = self.rows[key] * sp
+
+    def take(self, idx: np.ndarray) -> _Prep:
+        """The candidates ``idx`` only (tables shared)."""
+        base = np.arange(len(self.flags)) if self.index is None else self.index
+        return _Prep(self.d, self.rows, {key: v[idx] for key, v in self.f.items()},
+                     [self.flags[i] for i in idx], base[idx])  # fmt: skip
+
+    def tile(self, k: int) -> _Prep:
+        """Each candidate repeated k times in a row (candidate-major), for a grid of loads."""
+        base = np.arange(len(self.flags)) if self.index is None else self.index
+        return _Prep(
+            self.d,
+            self.rows,
+            {key: np.repeat(v, k) for key, v in self.f.items()},
+            [fl for fl in self.flags for _ in range(k)],
+            np.repeat(base, k),
+        )
+
+_ALL_NAMES: tuple[str, ...] = (
+    "throughput_tokens_per_sec", "p99_ttft_ms", "p99_tpot_ms", "cost_per_token", "slo_margin",
+    "kv_cache_util", "kv_pressure_score", "gpu_mem_used_fraction", "vram_headroom_gb", "pipeline_bubble_fraction",
+    "comm_overhead_pct", "per_tok_comm_bytes", "kvcache_hit_rate", "live_batch_size", "queue_depth",
+    "preemption_rate", "input_length_observed", "output_length_observed",
+)  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def _cached_price(env: Environment, instance_type: str | None) -> float:
+    return catalog_gpu_hour_price(env, instance_type)
+
+
+def _replace(inp: queueing.LoadInputs, **kw) -> queueing.LoadInputs:
+    return queueing.LoadInputs(**{**{k: getattr(inp, k) for k in inp.__dataclass_fields__}, **kw})
+
+
+def _rank_prices(ranks: list[Rank], prices: Sequence[float] | Mapping[str, float] | None) -> list[float]:
+    if prices is None:
+        return [_cached_price(r.env, r.config.instance_type) for r in ranks]
+    if isinstance(prices, Mapping):
+        return [float(prices[r.env.env_id]) if r.env.env_id in prices else _cached_price(r.env, r.config.instance_type)
+                for r in ranks]  # fmt: skip
+    if len(prices) != len(ranks):
+        raise SurrogateError(f"{len(prices)} prices for {len(ranks)} ranks")
+    return [float(p) for p in prices]
+
+
+def _mixture_p99(means: np.ndarray, p99s: np.ndarray, w: np.ndarray) -> float:
+    """p99 of a mixture whose components have exponential tails through (mean, p99)."""
+    w = w / max(w.sum(), 1e-12)
+    keep = w > 0
+    means, p99s, w = means[keep], p99s[keep], w[keep]
+    if len(w) == 1:
+        return float(p99s[0])
+    scale = np.maximum(p99s - means, 1e-9) / math.log(100.0)
+
+    def tail(x: float) -> float:
+        return float(np.sum(w * np.minimum(1.0, 0.01 * np.exp(-(x - p99s) / scale))))
+
+    lo, hi = float(np.min(means)), float(np.max(p99s))
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if tail(mid) > 0.01:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _combine_ladder(preds: list[RankPrediction], split: np.ndarray, job: Job, hourly: float, **kw) -> dict[str, float]:
+    vals = [p.values for p in preds]
+    w = np.asarray(split, dtype=float)
+    out: dict[str, float] = {}
+    out["throughput_tokens_per_sec"] = float(sum(v["throughput_tokens_per_sec"] for v in vals))
+    # p99 of the mixture; the mean of each rank's distribution from its stored p99 and the prior σ shape
+    for key in ("p99_ttft_ms", "p99_tpot_ms"):
+        p99 = np.array([v[key] for v in vals])
+        mean = p99 / 1.5  # shape choice when only the p99 is carried: mean ≈ p99/1.5
+        out[key] = _mixture_p99(mean, p99, w)
+    for key in ("queue_depth", "preemption_rate"):
+        out[key] = float(sum(v[key] for v in vals))
+    for key in _ALL_NAMES:
+        if key not in out and key not in ("cost_per_token", "slo_margin"):
+            out[key] = float(np.sum(w * np.array([v[key] for v in vals])) / max(w.sum(), 1e-12))
+    out["cost_per_token"] = float(outcomes.cost_per_token(hourly, out["throughput_tokens_per_sec"]))
+    if job.job_class is JobClass.ONLINE:
+        out["slo_margin"] = float(
+            outcomes.online_slo_margin(out["p99_ttft_ms"], out["p99_tpot_ms"], job.slo.p99_ttft_ms, job.slo.p99_tpot_ms)
+        )
+    else:
+        rem = kw.get("tokens_remaining", job.total_token_budget)
+        left = kw.get("seconds_left", job.slo.deadline_s)
+        out["slo_margin"] = float(outcomes.batch_slo_margin(rem, left, out["throughput_tokens_per_sec"]))
+    return out
+
+
+def clear_caches() -> None:
+    """Empty the surrogate's process caches (physics, tables, prepared rows, scopes, prices)."""
+    from koi.surrogate import physics
+
+    physics.clear_caches()
+    _prep_row.cache_clear()
+    _scope_cached.cache_clear()
+    _cached_price.cache_clear()
+
+
+# ---- default instance and module-level API ----------------------------------------------------------------
+_DEFAULT: Surrogate | None = None
+
+
+def default_surrogate() -> Surrogate:
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Surrogate()
+    return _DEFAULT

@@ -1,0 +1,459 @@
+"""Learned residual corrections from the performance database (whitepaper, "The Surrogate Stack":
+"a mixture of predictors whose outputs are learnable over time"; "Risk: DRO" for the residuals).
+
+:meth:`ResidualModel.fit` is a pure function of a list of :class:`koi.store.PerfRecord`
+(observed V/Y of a rank and the surrogate's *base* prediction for it, ``PerfRecord.predicted``
+= ``RankPrediction.base_values``). Nothing is read from a database here; callers query the
+store (``koi.store.query_perf``) and pass the list. The only other input is the deterministic
+base physics, used to ask "what would this rank have done if every iteration were f× slower".
+
+Two stages, both over the scope keys of :mod:`koi.surrogate.scope` (GPU, environment, the
+spec's scope GPU × family × TP/PP × shape, and the fine scope):
+
+1. **Speed (physics level).** The commonest way a deployment differs from the operator
+   tables is that its iterations run at another speed (a slower part, virtualization, a
+   driver, noisy neighbours). For each record we find the factor f by which every
+   iteration time must be multiplied so that the physics reproduces the observed p99 TPOT:
+   the base model is re-run at the record's served rate on a grid of f and inverted
+   *relative to the stored base prediction* (``obs/base = TPOT(f)/TPOT(1)``), so workload
+   details the record does not carry cancel. ``log f`` is then explained as a sum of
+   effects over the scope keys, each a ridge (shrinkage) estimate — a level seen on n
+   records moves by about ``n/(n + k)`` of its mean, prior strength k per effect
+   (``PRIOR_STRENGTH``: coarse effects need more evidence) — fitted jointly by
+   backfitting. The surrogate applies the learned f *inside* the physics, so the queueing
+   model carries it consistently to any load: a 15% slower GPU saturates 15% earlier and
+   its p99 TTFT near saturation grows accordingly, instead of a ratio learned at one load
+   being multiplied onto another.
+2. **Outputs.** What speed does not explain — per quantity, ``log(observed / speed-corrected
+   prediction)`` — is learned the same way with twice the prior strength (clipped to
+   ±log 3), and applied multiplicatively to the outputs.
+
+Levels never observed contribute 0 (factor 1), so a correction is not applied outside the
+GPU, environment or scope it was learned on (a new GPU gets none). Derived outcomes are not
+learned on their own: cost per token follows throughput, SLO margin is recomputed from the
+corrected p99s (koi.outcomes).
+
+Residual history for the DRO band (whitepaper, "Risk"): :meth:`residuals` returns
+**relative** residuals ``r = observed / predicted − 1`` of the *corrected* predictor,
+computed prequentially (each block of records is predicted by the model fitted on the
+records before it, in the order given), so the band reflects errors the planner actually
+made, not in-sample fits. Multiply by ŷ to get objective units (:meth:`residuals_in_units`).
+``slo_margin`` is the exception: it can be negative, so its residuals are absolute
+(observed − stored base prediction). Records without a base prediction are re-predicted by
+the optional ``predictor`` or skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from koi import variables
+from koi.logging import get_logger
+from koi.surrogate.scope import EFFECTS, PRIOR_STRENGTH, Scope
+
+if TYPE_CHECKING:
+    from koi.store import PerfRecord
+
+log = get_logger(__name__)
+
+#: Quantities corrected multiplicatively at the output (positive when meaningful).
+CORRECTED: tuple[str, ...] = (
+    "p99_ttft_ms",
+    "p99_tpot_ms",
+    "throughput_tokens_per_sec",
+    "kv_cache_util",
+    "kv_pressure_score",
+    "gpu_mem_used_fraction",
+    "vram_headroom_gb",
+    "pipeline_bubble_fraction",
+    "comm_overhead_pct",
+    "per_tok_comm_bytes",
+    "kvcache_hit_rate",
+    "live_batch_size",
+    "queue_depth",
+    "preemption_rate",
+    "input_length_observed",
+    "output_length_observed",
+)
+#: Grid of iteration-time multipliers on which each record's physics is probed (1/3 … 3).
+SPEED_GRID = np.exp(np.linspace(-math.log(3.0), math.log(3.0), 25))
+SPEED_CLIP = math.log(3.0)
+OUTPUT_CLIP = math.log(3.0)
+OUTPUT_PRIOR_SCALE = 2.0
+BACKFIT_ITERS = 25
+#: Fewest residuals a scope level must hold before :meth:`residuals` stops backing off.
+MIN_RESIDUALS = 5
+_EPS = 1e-9
+
+#: curves(records) -> one dict per record: quantity -> values on SPEED_GRID (rank level).
+Curves = Callable[[Sequence["PerfRecord"]], list[dict[str, np.ndarray]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    engine: str
+    scope: Scope
+    predicted: dict[str, float]
+    observed: dict[str, float]
+    curve: dict[str, np.ndarray]  # quantity -> value(f)/value(1) on SPEED_GRID
+
+
+@dataclass(frozen=True)
+class _Effects:
+    """Fitted effects of one quantity: effect name -> {level key -> log correction}."""
+
+    theta: dict[str, dict[str, float]]
+    counts: dict[str, dict[str, int]]
+
+    def log_factor(self, scope: Scope, skip: tuple[str, ...] = ()) -> float:
+        return float(sum(self.theta[e].get(scope.key(e), 0.0) for e in EFFECTS if e not in skip))
+
+    def support(self, scope: Scope) -> int:
+        return int(self.counts["fine"].get(scope.key("fine"), 0))
+
+
+def _fit_effects(keys: dict[str, list[str]], y: np.ndarray, prior_scale: float = 1.0) -> _Effects:
+    """Ridge backfitting of y on one-hot effects; ``keys[e][i]`` is record i's level for effect e."""
+    idx: dict[str, np.ndarray] = {}
+    levels: dict[str, list[str]] = {}
+    for e in EFFECTS:
+        uniq, inv = np.unique(np.asarray(keys[e], dtype=object), return_inverse=True)
+        idx[e], levels[e] = inv.astype(np.intp), [str(u) for u in uniq]
+    n_per = {e: np.bincount(idx[e], minlength=len(levels[e])).astype(float) for e in EFFECTS}
+    theta = {e: np.zeros(len(levels[e])) for e in EFFECTS}
+    for _ in range(BACKFIT_ITERS):
+        for e in EFFECTS:
+            partial = y - sum(theta[o][idx[o]] for o in EFFECTS if o != e)
+            k = PRIOR_STRENGTH[e] * prior_scale
+            theta[e] = np.bincount(idx[e], weights=partial, minlength=len(levels[e])) / (n_per[e] + k)
+    return _Effects(
+        theta={e: dict(zip(levels[e], theta[e].tolist(), strict=True)) for e in EFFECTS},
+        counts={e: dict(zip(levels[e], n_per[e].astype(int).tolist(), strict=True)) for e in EFFECTS},
+    )
+
+
+def _empty_effects() -> _Effects:
+    return _Effects(theta={e: {} for e in EFFECTS}, counts={e: {} for e in EFFECTS})
+
+
+def scope_of_record(record: PerfRecord) -> Scope:
+    """The scope of a PerfDB record (model family from the catalog)."""
+    from koi import catalog
+
+    arch = catalog.model(record.model)
+    return Scope.of(
+        env_id=record.env.env_id,
+        gpu_type=record.env.gpu_type,
+        model=arch.name,
+        family=arch.family,
+        tp=record.config.tp,
+        pp=record.config.pp,
+        weight_dtype=record.config.weight_dtype.value,
+        engine=record.config.engine_name,
+        isl=record.isl,
+        osl=record.osl,
+    )
+
+
+def physics_curves(records: Sequence[PerfRecord]) -> list[dict[str, np.ndarray]]:
+    """The base surrogate's rank-level outputs of each record on ``SPEED_GRID`` (default probe).
+
+    The record carries mean lengths, the job's rate and the rank's observed throughput, not the
+    full workload: we rebuild a lognormal workload (CV 0.3, max 4× the mean) served at the rank's
+    observed rate (``throughput / osl``, else the job's rate). Only ratios to the f = 1 point are
+    used, so the reconstruction's bias cancels to first order. Cached per record physics, so
+    refitting each tick on a growing PerfDB only probes the new records.
+    """
+    out = []
+    for r in records:
+        thr = r.observed_y.get("throughput_tokens_per_sec", 0.0)
+        lam = thr / max(r.osl, 1.0) if thr > 0 else r.rate_rps
+        key = (r.model, r.env, r.config, round(float(r.isl), 1), round(float(r.osl), 1),
+               float(f"{max(lam, 1e-3):.4g}"), int(r.n_replicas))  # fmt: skip
+        try:
+            out.append(_record_curve(*key))
+        except Exception as exc:  # a record the physics cannot replay contributes no speed evidence
+            log.warning("residual_probe_failed", rank_id=r.rank_id, error=str(exc))
+            out.append({})
+    return out
+
+
+@lru_cache(maxsize=8192)
+def _record_curve(model: str, env, config, isl: float, osl: float, lam: float, n_replicas: int  # noqa: ANN001
+                  ) -> dict[str, np.ndarray]:  # fmt: skip
+    from koi.domain import Chain, Job
+    from koi.surrogate.core import Surrogate
+
+    job = Job(
+        job_id="probe",
+        model=model,
+        job_class="online",
+        slo={"p99_ttft_ms": 1e6, "p99_tpot_ms": 1e6},
+        workload={
+            "input_len": {"kind": "lognormal", "mean": max(isl, 1.0), "std": 0.3 * max(isl, 1.0), "min": 1,
+                          "max": int(4 * max(isl, 1.0)) + 1},
+            "output_len": {"kind": "lognormal", "mean": max(osl, 1.0), "std": 0.3 * max(osl, 1.0), "min": 1,
+                           "max": int(4 * max(osl, 1.0)) + 1},
+            "arrival": {"process": "poisson", "rate_rps": lam},
+        },
+    )  # fmt: skip
+    b = Surrogate().predict_many(job, [Chain(env=env, config=config)] * len(SPEED_GRID), offered_rps=lam,
+                                 n_replicas=n_replicas, speed=SPEED_GRID, with_capacity=False)  # fmt: skip
+    if not b.feasible.all():
+        return {}
+    out = {k: np.asarray(v, dtype=float) for k, v in b.values.items()}
+    for v in out.values():
+        v.setflags(write=False)
+    return out
+
+
+def _ratio_curve(vals: np.ndarray) -> np.ndarray | None:
+    mid = len(SPEED_GRID) // 2
+    if vals is None or not np.all(np.isfinite(vals)) or vals[mid] <= _EPS:
+        return None
+    return vals / vals[mid]
+
+
+def _invert(curve: np.ndarray, target: float) -> float:
+    """log f with curve(f) = target (curve increasing on the grid; clipped to its ends)."""
+    c = np.maximum.accumulate(curve)
+    lt = math.log(max(target, _EPS))
+    lc = np.log(np.maximum(c, _EPS))
+    return float(np.interp(lt, lc, np.log(SPEED_GRID)))
+
+
+def _at(curve: np.ndarray | None, logf: float) -> float:
+    if curve is None:
+        return 1.0
+    return float(np.interp(logf, np.log(SPEED_GRID), curve))
+
+
+@dataclass(frozen=True)
+class ResidualModel:
+    """Fitted speed and output corrections with prequential residual histories (module docstring)."""
+
+    speed_effects: _Effects | None = None
+    effects: dict[str, _Effects] = field(default_factory=dict)
+    #: quantity -> (scopes in record order, relative prequential residuals)
+    history: dict[str, tuple[list[Scope], np.ndarray]] = field(default_factory=dict)
+    n_records: int = 0
+    #: per record with a speed estimate: (model, GPU, engine, inverted speed) — the measured
+    #: profiles of the nearest-architecture rule (``ProfileBook.from_residuals``)
+    record_speeds: tuple[tuple[str, str, str, float], ...] = ()
+
+    # ---- fitting ----------------------------------------------------------------------------------
+    @classmethod
+    def empty(cls) -> ResidualModel:
+        return cls()
+
+    @classmethod
+    def fit(
+        cls,
+        records: Sequence[PerfRecord],
+        *,
+        predictor: Callable[[PerfRecord], Mapping[str, float]] | None = None,
+        curves: Curves | None = None,
+        block: int | None = None,
+    ) -> ResidualModel:
+        """Fit on ``records`` (oldest first). ``curves`` probes the physics (default
+        :func:`physics_curves`); ``block`` sets the prequential refit stride (default: about 20
+        refits over the history, every record for short ones)."""
+        kept: list[PerfRecord] = []
+        preds: list[dict[str, float]] = []
+        skipped = 0
+        for r in records:
+            pred = dict(r.predicted)
+            if not pred and predictor is not None:
+                pred = dict(predictor(r))
+            if not pred:
+                skipped += 1
+                continue
+            kept.append(r)
+            preds.append(pred)
+        if skipped:
+            log.info("residual_fit_skipped_records", skipped=skipped, reason="no base prediction")
+        if not kept:
+            return cls()
+        raw = (curves or physics_curves)(kept)
+        rows = []
+        for r, pred, cv in zip(kept, preds, raw, strict=True):
+            curve = {q: c for q, c in ((q, _ratio_curve(v)) for q, v in cv.items()) if c is not None}
+            rows.append(_Row(r.config.engine_name, scope_of_record(r), pred, {**r.observed_v, **r.observed_y}, curve))
+        return cls._fit_rows(rows, block=block)
+
+    @staticmethod
+    def _speed_targets(rows: list[_Row]) -> tuple[np.ndarray, np.ndarray]:
+        """Per-record log speed from the TPOT ratio, and which records carry one."""
+        y = np.zeros(len(rows))
+        ok = np.zeros(len(rows), dtype=bool)
+        for i, row in enumerate(rows):
+            c = row.curve.get("p99_tpot_ms")
+            obs, base = row.observed.get("p99_tpot_ms", 0.0), row.predicted.get("p99_tpot_ms", 0.0)
+            if c is not None and obs > _EPS and base > _EPS and math.isfinite(obs) and math.isfinite(base):
+                y[i] = float(np.clip(_invert(c, obs / base), -SPEED_CLIP, SPEED_CLIP))
+                ok[i] = True
+        return y, ok
+
+    @staticmethod
+    def _fit_stage(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray) -> tuple[_Effects, dict[str, _Effects]]:
+        """Both stages on ``rows`` (speed effects, then output effects given the fitted speeds)."""
+        sel = np.flatnonzero(ok)
+        if len(sel):
+            keys = {e: [rows[i].scope.key(e) for i in sel] for e in EFFECTS}
+            speed = _fit_effects(keys, y_speed[sel])
+        else:
+            speed = _empty_effects()
+        logf = np.array([speed.log_factor(r.scope) for r in rows])
+        effects: dict[str, _Effects] = {}
+        for q in CORRECTED:
+            idx, ys = [], []
+            for i, row in enumerate(rows):
+                o, b = row.observed.get(q, 0.0), row.predicted.get(q, 0.0)
+                if o > _EPS and b > _EPS and math.isfinite(o) and math.isfinite(b):
+                    pred = b * _at(row.curve.get(q), logf[i])
+                    if pred > _EPS:
+                        idx.append(i)
+                        ys.append(math.log(o / pred))
+            if idx:
+                keys = {e: [rows[i].scope.key(e) for i in idx] for e in EFFECTS}
+                effects[q] = _fit_effects(keys, np.clip(np.array(ys), -OUTPUT_CLIP, OUTPUT_CLIP), OUTPUT_PRIOR_SCALE)
+        return speed, effects
+
+    @classmethod
+    def _fit_rows(cls, rows: list[_Row], *, block: int | None = None) -> ResidualModel:
+        y_speed, ok = cls._speed_targets(rows)
+        speed, effects = cls._fit_stage(rows, y_speed, ok)
+        history = _prequential(rows, y_speed, ok, block)
+        speeds = tuple(
+            (r.scope.model, r.scope.gpu_type, r.engine, float(math.exp(y)))
+            for r, y, k in zip(rows, y_speed, ok, strict=True) if k
+        )
+        return cls(speed_effects=speed, effects=effects, history=history, n_records=len(rows), record_speeds=speeds)
+
+    # ---- applying -----------------------------------------------------------------------------------
+    def speed(self, scope: Scope, skip: tuple[str, ...] = ()) -> float:
+        """Learned multiplier of every iteration time in ``scope`` (1.0 when nothing was learned).
+
+        ``skip`` leaves effects out: a prediction already rescaled by a neighbour's measured profile
+        on this GPU (nearest-architecture rule) skips the ``gpu`` effect, which that profile carries.
+        """
+        if self.speed_effects is None:
+            return 1.0
+        return float(math.exp(self.speed_effects.log_factor(scope, skip)))
+
+    def factor(self, quantity: str, scope: Scope, skip: tuple[str, ...] = ()) -> float:
+        """Output-level multiplicative correction of ``quantity`` in ``scope`` (after speed; 1.0 when
+        nothing was learned). Cost per token follows throughput."""
+        variables.get(quantity)
+        if quantity == "cost_per_token":
+            return 1.0 / self.factor("throughput_tokens_per_sec", scope, skip)
+        eff = self.effects.get(quantity)
+        return 1.0 if eff is None else float(math.exp(eff.log_factor(scope, skip)))
+
+    def factors(self, scope: Scope, skip: tuple[str, ...] = ()) -> dict[str, float]:
+        return {q: self.factor(q, scope, skip) for q in self.effects}
+
+    def support(self, scope: Scope) -> int:
+        """Records in exactly this fine scope (any quantity)."""
+        effs = list(self.effects.values()) + ([self.speed_effects] if self.speed_effects else [])
+        return max((e.support(scope) for e in effs), default=0)
+
+    def correct_values(self, values: Mapping[str, float], scope: Scope, skip: tuple[str, ...] = ()) -> dict[str, float]:
+        """``values`` with every learned output factor applied; p99 TTFT/TPOT also scaled by the
+        learned speed to first order (the exact path re-runs the physics: ``Surrogate``)."""
+        out = dict(values)
+        f = self.speed(scope, skip)
+        for q in ("p99_ttft_ms", "p99_tpot_ms"):
+            if q in out and math.isfinite(out[q]):
+                out[q] = out[q] * f
+        for q, eff in self.effects.items():
+            if q in out and math.isfinite(out[q]):
+                out[q] = out[q] * math.exp(eff.log_factor(scope, skip))
+        return out
+
+    def correct(self, prediction: Any, scope: Scope | None = None) -> Any:
+        """A corrected copy of a base :class:`~koi.surrogate.types.RankPrediction` (first-order in
+        speed; cost and margin re-derived). ``Surrogate(residuals=model)`` is the exact path."""
+        from koi.surrogate.types import apply_correction
+
+        return apply_correction(prediction, self, scope or prediction.scope)
+
+    # ---- residual history for the DRO band ------------------------------------------------------------
+    def residuals(self, objective: str, scope: Scope | None = None, *, min_count: int = MIN_RESIDUALS) -> np.ndarray:
+        """Prequential residuals of ``objective`` (relative; absolute for slo_margin), for the finest of
+        fine → scope → env → gpu → all whose level holds at least ``min_count`` of them."""
+        variables.get(objective)
+        if objective not in self.history:
+            return np.zeros(0)
+        scopes, r = self.history[objective]
+        if scope is None:
+            return r.copy()
+        for e in ("fine", "scope", "env", "gpu"):
+            key = scope.key(e)
+            mask = np.fromiter((s.key(e) == key for s in scopes), dtype=bool, count=len(scopes))
+            if mask.sum() >= min_count:
+                return r[mask]
+        return r.copy() if len(r) >= min_count else np.zeros(0)
+
+    def residuals_in_units(self, objective: str, scope: Scope | None, y_hat: float) -> np.ndarray:
+        """Residuals in the objective's own units at prediction ``y_hat`` (r · ŷ; slo_margin as is)."""
+        r = self.residuals(objective, scope)
+        return r if objective == "slo_margin" else r * float(y_hat)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"n_records": self.n_records, "quantities": {}}
+        if self.speed_effects is not None:
+            out["speed"] = {e: {k: round(math.exp(v), 4) for k, v in self.speed_effects.theta[e].items()}
+                            for e in ("gpu", "env")}  # fmt: skip
+        for q, (_scopes, r) in self.history.items():
+            out["quantities"][q] = {
+                "n": len(r),
+                "median_abs_residual": float(np.median(np.abs(r))) if len(r) else None,
+            }
+        return out
+
+
+def _prequential(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray, block: int | None
+                 ) -> dict[str, tuple[list[Scope], np.ndarray]]:  # fmt: skip
+    """Relative residuals obs/pred − 1 where each block is predicted by the model fitted before it."""
+    n = len(rows)
+    step = block or max(1, math.ceil(n / 20))
+    out: dict[str, list[tuple[int, float]]] = {}
+    start = 0
+    while start < n:
+        stop = min(n, start + step)
+        if start == 0:
+            speed, effects = _empty_effects(), {}
+        else:
+            speed, effects = ResidualModel._fit_stage(rows[:start], y_speed[:start], ok[:start])
+        for i in range(start, stop):
+            row = rows[i]
+            logf = speed.log_factor(row.scope)
+            for q in (*CORRECTED, "cost_per_token"):
+                o, b = row.observed.get(q, 0.0), row.predicted.get(q, 0.0)
+                if not (o > _EPS and b > _EPS and math.isfinite(o) and math.isfinite(b)):
+                    continue
+                if q == "cost_per_token":
+                    thr = row.curve.get("throughput_tokens_per_sec")
+                    g = effects.get("throughput_tokens_per_sec")
+                    corr = _at(thr, logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
+                    pred = b / max(corr, _EPS)
+                else:
+                    g = effects.get(q)
+                    pred = b * _at(row.curve.get(q), logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
+                out.setdefault(q, []).append((i, o / pred - 1.0))
+        start = stop
+    hist = {q: ([rows[i].scope for i, _ in v], np.array([x for _, x in v])) for q, v in out.items()}
+    sel = [i for i, row in enumerate(rows) if "slo_margin" in row.predicted and "slo_margin" in row.observed]
+    if sel:
+        hist["slo_margin"] = (
+            [rows[i].scope for i in sel],
+            np.array([rows[i].observed["slo_margin"] - rows[i].predicted["slo_margin"] for i in sel]),
+        )
+    return hist

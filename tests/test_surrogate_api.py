@@ -1,0 +1,225 @@
+"""The surrogate's public API: predictions keyed by registry names, flags and uncertainty, ladders,
+capacity under the utilisation cap and p99 targets, the batch path, errors, and the closed loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from koi import variables
+from koi.catalog import CatalogError
+from koi.domain import Chain, ChainConfig, Environment, Job, Ladder, Prediction, Rank
+from koi.surrogate import (
+    UTILIZATION_CAP,
+    ProfileBook,
+    Surrogate,
+    SurrogateError,
+    predict_ladder,
+    predict_rank,
+    rank_capacity,
+    roofline,
+)
+
+
+def env(gpu: str = "H100", cloud: str = "aws", zone: str = "a") -> Environment:
+    region = {"aws": "us-east-1", "gcp": "us-central1", "azure": "eastus"}[cloud]
+    return Environment(cloud=cloud, region=region, zone=f"{region}-{zone}", market="on_demand", gpu_type=gpu)
+
+
+def job(model: str = "llama-3.1-8b", rate: float = 4.0, ttft: float = 1000.0, tpot: float = 50.0, **kw) -> Job:
+    return Job(
+        job_id="j",
+        model=model,
+        job_class="online",
+        slo={"p99_ttft_ms": ttft, "p99_tpot_ms": tpot},
+        workload={
+            "input_len": {"kind": "lognormal", "mean": kw.get("isl", 1024), "std": 256, "min": 1, "max": 4096},
+            "output_len": {"kind": "lognormal", "mean": kw.get("osl", 256), "std": 64, "min": 1, "max": 1024},
+            "arrival": {"process": "poisson", "rate_rps": rate},
+        },
+    )
+
+
+def batch_job(model: str = "llama-3.1-8b") -> Job:
+    return Job(
+        job_id="b",
+        model=model,
+        job_class="batch",
+        slo={"deadline_s": 3600.0, "num_requests": 20000},
+        workload={
+            "input_len": {"kind": "fixed", "mean": 1024, "min": 1024, "max": 1024},
+            "output_len": {"kind": "fixed", "mean": 256, "min": 256, "max": 256},
+        },
+    )
+
+
+H100 = Rank(env=env(), config=ChainConfig(tp=1, instance_type="p5.48xlarge"), n_replicas=2)
+
+
+@pytest.fixture(scope="module")
+def s() -> Surrogate:
+    return Surrogate()
+
+
+def test_rank_prediction_uses_registry_names_and_converts_to_a_domain_prediction(s):
+    p = s.predict_rank(job(), H100)
+    assert set(p.values) <= set(variables.V_NAMES + variables.Y_NAMES)
+    assert set(variables.Y_NAMES) <= set(p.values)
+    for k in ("kv_cache_util", "kv_pressure_score", "gpu_mem_used_fraction", "vram_headroom_gb",
+              "pipeline_bubble_fraction", "comm_overhead_pct", "per_tok_comm_bytes", "kvcache_hit_rate",
+              "live_batch_size", "queue_depth", "preemption_rate"):  # fmt: skip
+        assert k in p.values and np.isfinite(p.values[k])
+    assert p.get("throughput_tokens_per_sec") == pytest.approx(4.0 * 256)
+    assert p.values["cost_per_token"] == pytest.approx(p.hourly_cost / 3600 / p.values["throughput_tokens_per_sec"])
+    d = p.to_prediction("koi-dev", 7, rank_id=H100.rank_id("j"))
+    assert isinstance(d, Prediction) and d.tick == 7 and d.values["p99_ttft_ms"] == p.values["p99_ttft_ms"]
+    assert p.base_values == p.values  # nothing learned: corrected equals base
+    with pytest.raises(KeyError, match="unknown variable"):
+        p.get("tokens_per_dollar")
+
+
+def test_module_level_api_matches_a_default_surrogate(s):
+    a = predict_rank(job(), H100)
+    b = s.predict_rank(job(), H100)
+    assert a.values == pytest.approx(b.values)
+    assert rank_capacity(job(), H100.chain).rps == pytest.approx(s.rank_capacity(job(), H100.chain).rps)
+    assert predict_ladder(job(), Ladder(ranks=[H100])).feasible
+
+
+def test_capacity_respects_the_utilization_cap_and_the_p99_targets(s):
+    c = s.rank_capacity(job(ttft=5000, tpot=500), H100.chain)
+    assert c.feasible and c.limited_by == "utilization"
+    assert c.rps == pytest.approx(UTILIZATION_CAP * c.saturation_rps)
+    assert c.tokens_per_sec == pytest.approx(c.rps * 256)
+    tight = s.rank_capacity(job(ttft=5000, tpot=8.0), H100.chain)
+    assert tight.limited_by == "p99_tpot_ms" and 0 < tight.rps < c.rps
+    # at the capacity the targets hold
+    p = s.predict_rank(job(ttft=5000, tpot=8.0), Rank(env=env(), config=H100.config, n_replicas=1), offered_rps=tight.rps)
+    assert p.values["p99_tpot_ms"] <= 8.0 * 1.02
+    impossible = s.rank_capacity(job(ttft=1.0), H100.chain)
+    assert impossible.rps == 0.0 and impossible.limited_by == "p99_ttft_ms"
+    # batch jobs: saturation, no cap
+    bc = s.rank_capacity(batch_job(), H100.chain)
+    assert bc.limited_by == "saturation" and bc.rps == pytest.approx(bc.saturation_rps)
+
+
+def test_batch_jobs_run_saturated_and_get_a_deadline_margin(s):
+    p = s.predict_rank(batch_job(), H100)
+    assert p.values["throughput_tokens_per_sec"] == pytest.approx(0.98 * 2 * p.saturation_rps * 256, rel=1e-6)
+    need = 20000 * 256 / 3600
+    assert p.values["slo_margin"] == pytest.approx(1 - need / p.values["throughput_tokens_per_sec"])
+
+
+def test_ladder_splits_load_by_capacity_and_combines_outcomes(s):
+    fast = Rank(env=env(), config=ChainConfig(tp=2, instance_type="p5.48xlarge"), n_replicas=1)
+    slow = Rank(env=env("A100-80GB"), config=ChainConfig(tp=1, instance_type="p4de.24xlarge"), n_replicas=2)
+    j = job(rate=10.0, ttft=3000, tpot=200)
+    lad = s.predict_ladder(j, Ladder(ranks=[fast, slow]))
+    caps = [s.rank_capacity(j, r.chain).rps * r.n_replicas for r in (fast, slow)]
+    assert lad.load_split == pytest.approx([c / sum(caps) for c in caps])
+    assert lad.values["throughput_tokens_per_sec"] == pytest.approx(10.0 * 256, rel=1e-6)
+    assert lad.hourly_cost == pytest.approx(sum(r.hourly_cost for r in lad.ranks))
+    assert lad.values["cost_per_token"] == pytest.approx(lad.hourly_cost / 3600 / lad.values["throughput_tokens_per_sec"])
+    p99s = [r.values["p99_ttft_ms"] for r in lad.ranks]
+    assert min(p99s) <= lad.values["p99_ttft_ms"] <= max(p99s) + 1e-9
+    assert lad.total_gpus == 4 and lad.capacity_rps == pytest.approx(sum(caps))
+    # explicit prices per rank
+    lad2 = s.predict_ladder(j, Ladder(ranks=[fast, slow]), prices=[1.0, 1.0])
+    assert lad2.hourly_cost == pytest.approx(4.0)
+
+
+def test_batch_api_agrees_with_single_predictions_and_reports_infeasible_rows(s):
+    chains = [
+        Chain(env=env(), config=ChainConfig(tp=1, instance_type="p5.48xlarge")),
+        Chain(env=env(), config=ChainConfig(tp=3, instance_type="p5.48xlarge")),  # heads
+        Chain(env=env("L40S"), config=ChainConfig(tp=2, instance_type="g6e.12xlarge")),
+    ]
+    b = s.predict_many(job(), chains, offered_rps=[4.0, 4.0, 2.0], n_replicas=[1, 1, 2])
+    assert list(b.feasible) == [True, False, True]
+    assert any("attention heads" in r for r in b.reasons[1])
+    assert np.isnan(b.values["p99_ttft_ms"][1])
+    one = s.predict_rank(job(), Rank(env=env("L40S"), config=chains[2].config, n_replicas=2), offered_rps=2.0)
+    assert b.rank(2).values == pytest.approx(one.values)
+
+
+def test_rescaled_gpus_are_flagged_with_wider_uncertainty(s):
+    h = s.predict_rank(job(rate=0.5), Rank(env=env(), config=ChainConfig(tp=1, instance_type="p5.48xlarge"), n_replicas=1))
+    a = s.predict_rank(job(rate=0.5), Rank(env=env("A10G"), config=ChainConfig(tp=1, instance_type="g5.xlarge"), n_replicas=1))
+    m = s.predict_rank(job(rate=0.5), Rank(env=env("MI300X", "azure"),
+                                          config=ChainConfig(tp=1, instance_type="Standard_ND96isr_MI300X_v5"), n_replicas=1))  # fmt: skip
+    assert not any(f.startswith("rescaled_gpu") for f in h.flags)
+    assert "rescaled_gpu:L40S" in a.flags and "rescaled_gpu:H200" in m.flags
+    assert a.uncertainty > h.uncertainty and m.uncertainty > h.uncertainty
+    assert a.sigma_rel["p99_ttft_ms"] > h.sigma_rel["p99_ttft_ms"]
+
+
+def test_a_model_without_a_profile_borrows_the_nearest_profiled_architecture():
+    book = ProfileBook.from_ratios([("llama-3.1-8b", "H100", "vllm", 1.5, 1.2, "silicon"),
+                                    ("llama-3.1-70b", "H100", "vllm", 0.8, 0.9, "silicon")])  # fmt: skip
+    s = Surrogate(profiles=book)
+    base = Surrogate()
+    r = Rank(env=env(), config=ChainConfig(tp=1, instance_type="p5.48xlarge"), n_replicas=1)
+    p = s.predict_rank(job("mistral-7b", rate=0.2), r)
+    q = base.predict_rank(job("mistral-7b", rate=0.2), r)
+    assert "nearest_arch:llama-3.1-8b" in p.flags
+    assert p.uncertainty > q.uncertainty
+    assert p.values["p99_tpot_ms"] == pytest.approx(1.2 * q.values["p99_tpot_ms"], rel=0.05)
+    # a profiled model uses its own ratios and is not flagged
+    own = s.predict_rank(job("llama-3.1-8b", rate=0.2), r)
+    assert not any(f.startswith("nearest_arch") for f in own.flags)
+    # another GPU has no profiles: nothing borrowed
+    a = s.predict_rank(job("mistral-7b", rate=0.2), Rank(env=env("A100-80GB"), config=ChainConfig(instance_type="p4de.24xlarge"), n_replicas=1))
+    assert not any(f.startswith("nearest_arch") for f in a.flags)
+
+
+def test_unknown_model_or_gpu_fails_clearly(s):
+    with pytest.raises(ValidationError, match="unknown model 'gpt-99'"):
+        job("gpt-99")
+    with pytest.raises(ValidationError, match="unknown GPU 'Z100'"):
+        env("Z100")
+    with pytest.raises(CatalogError, match="unknown model"):
+        s.closed_loop("gpt-99", [H100.chain], 1024, 128, [8])
+    # a model the catalog knows but a request the surrogate cannot answer
+    with pytest.raises(SurrogateError, match="prices"):
+        s.predict_ladder(job(), Ladder(ranks=[H100]), prices=[1.0, 2.0])
+
+
+def test_closed_loop_mode_gives_mean_ttft_and_tpot(s):
+    from koi import catalog
+    from koi.perf.fidelity import engine_default_config
+
+    cfg = engine_default_config("vllm", catalog.gpu("H100"), tp=1)
+    c = Chain(env=env(), config=cfg)
+    r = s.closed_loop("llama-3.1-8b", [c, c], 1024, 256, [8, 64])
+    assert np.all(r["ttft_ms"] > 0) and np.all(r["tpot_ms"] > 0)
+    assert r["tpot_ms"][1] > r["tpot_ms"][0] and r["throughput_tps"][1] > r["throughput_tps"][0]
+    a = s.closed_loop("llama-3.1-8b", [c, c], 1024, 256, [8, 64], method="analytic")
+    assert a["tpot_ms"] == pytest.approx(r["tpot_ms"], rel=0.35)
+
+
+def test_roofline_is_an_optimistic_anchor(s):
+    from koi import catalog
+
+    m, g = catalog.model("llama-3.1-8b"), catalog.gpu("H100")
+    rf = roofline.open_loop(m, g, 1, 1, 1024, 256, 1e6)
+    assert rf.capacity_rps > 1.5 * s.rank_capacity(job(), H100.chain).saturation_rps
+    cl = roofline.closed_loop(m, g, 1, 1, 1024, 256, 32)
+    assert 0 < cl.tpot_ms < s.closed_loop("llama-3.1-8b", [H100.chain], 1024, 256, [32])["tpot_ms"][0]
+
+
+def test_cli_prints_one_json_document():
+    import json
+
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+
+    r = CliRunner().invoke(app, ["surrogate", "feasible", "llama-3.1-70b", "A10G", "--tp", "4", "--pp", "2",
+                                 "--instance", "g5.12xlarge", "--dtype", "fp8", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["ok"] and d["nodes"] == 2
+    r = CliRunner().invoke(app, ["surrogate", "predict", "llama-3.1-8b", "H100", "--rate", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    assert "p99_ttft_ms" in json.loads(r.stdout)["values"]

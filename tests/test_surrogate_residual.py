@@ -1,0 +1,190 @@
+"""Residual learning: a pure function of PerfDB records; multiplicative corrections with shrinkage,
+applied only inside the scope they were learned on; prequential residual histories for the DRO band."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from koi.domain import ChainConfig, Environment, Job, Rank
+from koi.store import PerfRecord
+from koi.surrogate import ResidualModel, Scope, Surrogate
+
+
+def env(gpu: str = "H100", zone: str = "us-east-1a") -> Environment:
+    return Environment(cloud="aws", region="us-east-1", zone=zone, market="on_demand", gpu_type=gpu)
+
+
+def job(rate: float = 4.0) -> Job:
+    return Job(
+        job_id="j",
+        model="llama-3.1-8b",
+        job_class="online",
+        slo={"p99_ttft_ms": 2000.0, "p99_tpot_ms": 100.0},
+        workload={
+            "input_len": {"kind": "lognormal", "mean": 1024, "std": 256, "min": 1, "max": 4096},
+            "output_len": {"kind": "lognormal", "mean": 256, "std": 64, "min": 1, "max": 1024},
+            "arrival": {"process": "poisson", "rate_rps": rate},
+        },
+    )
+
+
+H100_RANK = Rank(env=env(), config=ChainConfig(tp=1, instance_type="p5.48xlarge"), n_replicas=1)
+A100_RANK = Rank(
+    env=Environment(cloud="aws", region="us-east-1", zone="us-east-1a", market="on_demand", gpu_type="A100-80GB"),
+    config=ChainConfig(tp=1, instance_type="p4de.24xlarge"),
+    n_replicas=1,
+)
+
+
+def biased_records(n: int, bias: float = 1.3, rank: Rank = H100_RANK) -> list[PerfRecord]:
+    """Records whose observed TPOT/TTFT are ``bias`` × the base prediction (plus ±2% noise)."""
+    s = Surrogate()
+    rng = np.random.default_rng(0)
+    out = []
+    for t in range(n):
+        rate = 2.0 + 4.0 * rng.random()
+        p = s.predict_rank(job(rate), rank, offered_rps=rate)
+        noise = float(np.exp(rng.normal(0, 0.02)))
+        obs_y = {
+            "p99_tpot_ms": p.base_values["p99_tpot_ms"] * bias * noise,
+            "p99_ttft_ms": p.base_values["p99_ttft_ms"] * bias * noise,
+            "throughput_tokens_per_sec": p.base_values["throughput_tokens_per_sec"],
+            "cost_per_token": p.base_values["cost_per_token"],
+            "slo_margin": p.base_values["slo_margin"] - 0.05,
+        }
+        obs_v = {"live_batch_size": p.base_values["live_batch_size"] * bias}
+        out.append(
+            PerfRecord.of("c", t, job(rate), rank, observed_v=obs_v, observed_y=obs_y, predicted=p.base_values)
+        )
+    return out
+
+
+def scope_of(rank: Rank, j: Job | None = None) -> Scope:
+    j = j or job()
+    return Scope.of(
+        env_id=rank.env.env_id, gpu_type=rank.env.gpu_type, model="llama-3.1-8b", family="llama3",
+        tp=rank.config.tp, pp=rank.config.pp, weight_dtype="bf16", engine="vllm", isl=j.workload.isl, osl=j.workload.osl,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def records() -> list[PerfRecord]:
+    return biased_records(20)
+
+
+def corrected(s: Surrogate, rank: Rank, rate: float):
+    return s.predict_rank(job(rate), rank, offered_rps=rate)
+
+
+def test_correction_converges_on_a_constructed_bias(records):
+    s = Surrogate.from_records(records)
+    for rate in (2.5, 4.5):  # loads inside the range the records came from
+        p = corrected(s, H100_RANK, rate)
+        assert p.values["p99_tpot_ms"] == pytest.approx(1.3 * p.base_values["p99_tpot_ms"], rel=0.04)
+        assert p.values["p99_ttft_ms"] == pytest.approx(1.3 * p.base_values["p99_ttft_ms"], rel=0.06)
+    # a slower world was learned (speed > 1) and throughput stays the offered rate
+    assert s.residuals.speed(scope_of(H100_RANK)) > 1.05
+    assert p.values["throughput_tokens_per_sec"] == pytest.approx(p.base_values["throughput_tokens_per_sec"], rel=0.01)
+    assert p.residual_support == 20
+
+
+def test_shrinkage_grows_with_the_record_count():
+    def gap(n: int) -> float:
+        p = corrected(Surrogate.from_records(biased_records(n)), H100_RANK, 3.0)
+        return abs(p.values["p99_tpot_ms"] / p.base_values["p99_tpot_ms"] - 1.3)
+
+    few, many = gap(2), gap(20)
+    assert many < few < 0.3
+
+
+def test_a_speed_difference_is_learned_in_the_physics_and_transfers_across_loads():
+    """Observations from a world whose iterations are 1.2x slower, at light and moderate load,
+    predict that world at a heavier load too (where a ratio learned at light load would not)."""
+    s0 = Surrogate()
+    sat = s0.rank_capacity(job(), H100_RANK.chain).saturation_rps
+    recs = []
+    for t, rho in enumerate(np.linspace(0.1, 0.5, 10)):
+        rate = rho * sat
+        truth = s0.predict_many(job(rate), [H100_RANK.chain], offered_rps=rate, speed=1.2).rank(0)
+        base = s0.predict_rank(job(rate), H100_RANK, offered_rps=rate)
+        recs.append(PerfRecord.of("c", t, job(rate), H100_RANK, observed_v={}, predicted=base.base_values,
+                                  observed_y={k: truth.values[k] for k in ("p99_tpot_ms", "p99_ttft_ms",
+                                                                          "throughput_tokens_per_sec")}))  # fmt: skip
+    s = Surrogate.from_records(recs)
+    assert s.residuals.speed(scope_of(H100_RANK)) == pytest.approx(1.2, rel=0.06)
+    heavy = 0.75 * sat / 1.2
+    truth = s0.predict_many(job(heavy), [H100_RANK.chain], offered_rps=heavy, speed=1.2).rank(0)
+    pred = corrected(s, H100_RANK, heavy)
+    assert pred.values["p99_tpot_ms"] == pytest.approx(truth.values["p99_tpot_ms"], rel=0.08)
+    assert pred.values["p99_ttft_ms"] == pytest.approx(truth.values["p99_ttft_ms"], rel=0.15)
+    # and the learned slowdown lowers the capacity the planner sizes with
+    assert s.rank_capacity(job(), H100_RANK.chain).saturation_rps < 0.9 * sat
+
+
+def test_correction_is_not_applied_outside_its_scope(records):
+    s = Surrogate.from_records(records)
+    q = corrected(s, A100_RANK, 3.0)
+    assert q.values["p99_tpot_ms"] == pytest.approx(q.base_values["p99_tpot_ms"])  # another GPU: nothing learned
+    assert s.residuals.speed(scope_of(A100_RANK)) == 1.0
+    inside = s.residuals.speed(scope_of(H100_RANK))
+    # the same scope (GPU × family × TP/PP × shape) in another zone: corrected, without the env/fine effects
+    other_zone = Rank(env=env(zone="us-east-1b"), config=H100_RANK.config, n_replicas=1)
+    f_zone = s.residuals.speed(scope_of(other_zone))
+    assert 1.0 < f_zone < inside
+    # another parallelism on the same GPU in another zone: only the strongly shrunk GPU-wide effect
+    tp2 = Rank(env=env(zone="us-east-1b"), config=ChainConfig(tp=2, instance_type="p5.48xlarge"), n_replicas=1)
+    assert 1.0 < s.residuals.speed(scope_of(tp2)) < f_zone
+
+
+def test_correct_on_a_prediction_is_first_order_in_speed(records):
+    m = ResidualModel.fit(records)
+    p = Surrogate().predict_rank(job(3.0), H100_RANK, offered_rps=3.0)
+    c = m.correct(p)
+    f = m.speed(p.scope) * m.factor("p99_tpot_ms", p.scope)
+    assert c.values["p99_tpot_ms"] == pytest.approx(p.values["p99_tpot_ms"] * f)
+    assert c.base_values == p.base_values
+
+
+def test_residual_history_is_prequential_and_relative(records):
+    m = ResidualModel.fit(records)
+    r = m.residuals("p99_tpot_ms", scope_of(H100_RANK))
+    assert len(r) == 20
+    # the first record is predicted with no correction: its residual is the full bias
+    assert r[0] == pytest.approx(0.3, abs=0.05)
+    # later records are predicted by the model fitted on the earlier ones: small residuals
+    assert np.median(np.abs(r[-5:])) < 0.05
+    # in objective units
+    u = m.residuals_in_units("p99_tpot_ms", scope_of(H100_RANK), 10.0)
+    assert u == pytest.approx(r * 10.0)
+    # slo margin residuals are absolute
+    assert m.residuals("slo_margin", scope_of(H100_RANK)) == pytest.approx(np.full(20, -0.05))
+    # no history outside the GPU
+    assert len(m.residuals("p99_tpot_ms", scope_of(A100_RANK))) == 20  # backs off to all records
+    assert len(ResidualModel.fit(records[:3]).residuals("p99_tpot_ms", scope_of(A100_RANK))) == 0
+
+
+def test_fit_is_a_pure_function_of_the_records(records):
+    a = ResidualModel.fit(records)
+    b = ResidualModel.fit(list(records))
+    assert a.speed(scope_of(H100_RANK)) == b.speed(scope_of(H100_RANK))
+    assert a.factor("p99_tpot_ms", scope_of(H100_RANK)) == b.factor("p99_tpot_ms", scope_of(H100_RANK))
+    assert np.array_equal(a.residuals("p99_tpot_ms"), b.residuals("p99_tpot_ms"))
+    assert ResidualModel.fit([]).factor("p99_tpot_ms", scope_of(H100_RANK)) == 1.0
+
+
+def test_records_without_a_base_prediction_are_skipped_or_repredicted(records):
+    bare = [r.model_copy(update={"predicted": {}}) for r in records]
+    assert ResidualModel.fit(bare).n_records == 0
+    m = ResidualModel.fit(bare, predictor=lambda r: records[r.tick].predicted)
+    ref = ResidualModel.fit(records)
+    assert m.n_records == 20
+    assert m.speed(scope_of(H100_RANK)) == pytest.approx(ref.speed(scope_of(H100_RANK)))
+
+
+def test_uncertainty_shrinks_with_residual_support():
+    rank = Rank(env=Environment(cloud="aws", region="us-east-1", zone="us-east-1a", market="on_demand", gpu_type="A10G"),
+                config=ChainConfig(tp=1, instance_type="g5.xlarge"), n_replicas=1)  # fmt: skip
+    before = Surrogate().predict_rank(job(1.0), rank, offered_rps=1.0)
+    after = Surrogate.from_records(biased_records(20, rank=rank)).predict_rank(job(1.0), rank, offered_rps=1.0)
+    assert before.uncertainty > after.uncertainty > 1.0
