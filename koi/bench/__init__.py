@@ -1,0 +1,1 @@
+"""The benchmark suite: scenarios, policies, the common evaluator, reports and figures."""

@@ -1,0 +1,1 @@
+"""Shipped scenario files (package data)."""
