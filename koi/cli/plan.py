@@ -1,0 +1,98 @@
+"""``koi plan bench|propose|example``: the deterministic planner (S4 without an LLM, S5 validation)."""
+
+from __future__ import annotations
+
+import typer
+
+from koi.cli.output import emit, fail
+
+app = typer.Typer(help="The deterministic planner: candidates, joint selection (MILP), validation C0–C7.",
+                  no_args_is_help=True)
+
+JSON = typer.Option(False, "--json", help="print one JSON document")
+
+
+@app.command()
+def bench(
+    json_out: bool = JSON,
+    only: list[str] = typer.Option(None, "--only", help="milp_small, milp_large, s4s5_small, s4s5_large"),
+    predictor: str = typer.Option("surrogate", help="surrogate (koi.surrogate) or analytic (the stand-in)"),
+) -> None:
+    """Selector and S4 + S5 benchmarks on synthetic snapshots (wall and CPU seconds, load average)."""
+    from koi.planning.bench import BENCHES, PREDICTORS, run
+
+    names = list(only) if only else None
+    if names and (bad := sorted(set(names) - set(BENCHES))):
+        fail(f"unknown benchmark(s) {bad}; choose from {sorted(BENCHES)}")
+    if predictor not in PREDICTORS:
+        fail(f"unknown predictor {predictor!r}; choose from {list(PREDICTORS)}")
+    result = run(names, predictor)
+    if json_out:
+        emit(result, True)
+        return
+    rows = []
+    for name, r in result.items():
+        if not isinstance(r, dict):
+            continue
+        steady = r.get("steady")
+        rows.append({
+            "bench": name, "target": r["target"], "met": r["met"], "wall_s": r["wall_s"], "cpu_s": r["cpu_s"],
+            "steady_wall_s": steady["wall_s"] if steady else None, "steady_cpu_s": steady["cpu_s"] if steady else None,
+            "load": f"{r['load_before']}→{r['load_after']}", "jobs": r["jobs"], "gpus": r["gpus"],
+            "status": r.get("status") or r.get("selection_status"), "gap": r.get("gap"),
+        })
+    emit(rows, False, title=f"koi plan bench ({result['cores']} cores, predictor {result['predictor']})")
+
+
+@app.command()
+def propose(
+    jobs: int = typer.Option(25, help="synthetic jobs"),
+    gpus: int = typer.Option(400, help="GPUs in the synthetic cluster"),
+    envs: int = typer.Option(10, help="environments"),
+    seed: int = typer.Option(0),
+    active: float = typer.Option(0.5, help="share of jobs already running"),
+    predictor: str = typer.Option("surrogate", help="surrogate (koi.surrogate) or analytic (the stand-in)"),
+    json_out: bool = JSON,
+) -> None:
+    """Run S4 + S5 on a synthetic snapshot and print the plan."""
+    from koi.planning.bench import PREDICTORS, make_predictor
+    from koi.planning.context import PlanningContext
+    from koi.planning.proposer import propose as _propose
+    from koi.planning.synthetic import synthetic_snapshot
+    from koi.planning.validate import ValidationContext, validate_and_repair
+
+    if predictor not in PREDICTORS:
+        fail(f"unknown predictor {predictor!r}; choose from {list(PREDICTORS)}")
+    ctx = PlanningContext(predictor=make_predictor(predictor))
+    snap = synthetic_snapshot(jobs, gpus, envs, seed=seed, active_fraction=active, ctx=ctx)
+    prop = _propose(snap, ctx)
+    out = validate_and_repair(prop.plan, snap, ValidationContext(ctx=ctx, book=prop.book, candidates=prop.candidates))
+    if json_out:
+        emit({"plan": out.plan, "stage": out.stage, "selection": prop.selection.summary(),
+              "diagnostics": [d.model_dump(mode="json") for d in out.first.diagnostics]}, True)
+        return
+    rows = [{
+        "job": a.job_id, "action": a.type.value,
+        "ladder": "; ".join(f"{r.n_replicas}× {r.env.gpu_type} TP{r.config.tp}PP{r.config.pp} {r.config.weight_dtype.value}"
+                            for r in a.ladder.ranks) if a.ladder else "-",
+        "target_tps": a.target_tps, "why": a.rationale[:90],
+    } for a in out.plan.actions]
+    emit(rows, False, title=f"{out.plan.tick_rationale} [S5: {out.stage}]")
+
+
+@app.command()
+def example(
+    name: str = typer.Argument(..., help="opportunity-cost | reclaim"),
+    json_out: bool = JSON,
+) -> None:
+    """The spec's worked examples: who gets the only H100; refusing to shrink a healthy service."""
+    from koi.planning.examples import opportunity_cost, reclaim
+
+    fns = {"opportunity-cost": opportunity_cost, "reclaim": reclaim}
+    if name not in fns:
+        fail(f"unknown example {name!r}; choose from {sorted(fns)}")
+    emit(fns[name](), json_out, title=name)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="plan")

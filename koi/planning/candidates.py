@@ -1,0 +1,994 @@
+"""Candidates, ladder sizing and ladder evaluation (overview §2.6; whitepaper, "The Agentic
+Planner": enumerate_ladder, size_ladder, predict_outcome, compute_* tools).
+
+Per job: the chains its budget slice allows (C2 through the predictor) → replicas sized
+to its demand → ladders (single-rank, and split across pools when one pool is short) →
+Ŷ, J, p_brk, SwitchCost, σ → C3 filter → dominance pruning → the few best.
+
+Sizing (white paper: "it plots batch sizes on a throughput-vs-deadline curve. For online
+jobs, it rejects configurations where the predicted p99 TTFT/TPOT exceeds the target
+and caps utilization"):
+- **online**: the predictor's per-replica capacity already respects the 0.8 utilisation
+  cap and the p99 targets (a chain that cannot meet them at any load has capacity 0 and
+  is rejected). n_min = ⌈λ / cap⌉. We also offer a headroom point n_min + max(1, ⌊n_min/2⌋)
+  (at most 2·n_min): more replicas, lower load, a shorter tail and a lower breach
+  probability — the selector takes it when risk or latency weight pays for the extra GPUs,
+  or when n_min's breach probability is above τ (C3 drops n_min then).
+- **batch**: remaining output tokens R, time left T (minus the cold start for a new
+  ladder): n(deadline) = ⌈R·(1 + slack) / (T · tok/s per replica)⌉ — the point on the
+  throughput-versus-deadline curve that meets the deadline with 15% slack — and a
+  faster point at 2× that rate. A job past its deadline (or with under one tick left)
+  is sized to finish within one tick interval.
+
+Choices:
+- **Late batch jobs.** When no candidate of a batch job meets its deadline with p_brk ≤ τ
+  (the deadline is out of reach), C3 is waived for that job — it is "late" — and its
+  candidates compete on σ (their risk still costs γ·p_brk; the fast points of the deadline
+  curve have the most margin). Otherwise such a job
+  could never be admitted, which C6 forbids.
+- **Ladder outcomes.** Online load is split across ranks in proportion to their
+  capacities, so every rank runs at the same fraction of its cap; the ladder's p99 is the
+  worst rank's (a rank carrying ≥ 1% of requests sets the p99 if it breaches) and so is
+  its breach probability. Throughput is the served rate: min(λ, saturation) · osl for
+  online, the sum of saturated replicas for batch. Cost per token and SLO margin come
+  from :mod:`koi.outcomes`.
+- **Unserved share.** Online: 1 − capacity/λ when the ladder's SLO-respecting capacity
+  is short of the offered load; batch: 1 − throughput/required rate. 0 otherwise.
+- **Hardware classes.** A predictor that is not environment-sensitive predicts once per
+  (GPU type, instance shape) and the result fans out over the pools of that class, which
+  differ only in price; an environment-sensitive one is called per pool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
+
+import numpy as np
+
+from koi import catalog, outcomes
+from koi.domain.chain import Chain, ChainConfig, Ladder, Rank
+from koi.domain.cluster import ClusterSnapshot, Pool
+from koi.domain.common import DType, JobClass, stable_hash
+from koi.domain.hardware import Environment
+from koi.domain.job import JobState, JobStatus
+from koi.domain.model import ModelArch
+from koi.planning.budget import BudgetSlice
+from koi.planning.capacity import PoolIndex, instances_for
+from koi.planning.context import PRESETS, PlanningContext
+from koi.planning.predictor import ChainEstimate
+from koi.scoring.exploration import EMPTY, Activation
+from koi.scoring.risk import breach_probability, combine
+from koi.scoring.switching import SwitchItem, switch_cost_items
+from koi.scoring.tchebycheff import ReferencePoint, reference_point, tchebycheff
+
+_INF = math.inf
+
+
+class OptionKind(StrEnum):
+    PLACE = "place"
+    SWAP = "swap"
+    KEEP = "keep"
+    DEFER = "defer"
+
+
+@lru_cache(maxsize=262144)
+def chain_key(env: Environment, config: ChainConfig) -> str:
+    """Chain.key, cached (it hashes the config's JSON)."""
+    return stable_hash({"env": env.env_id, "config": config.key})
+
+
+@dataclass(frozen=True, slots=True)
+class RankSpec:
+    """A rank being considered: chain in a pool, replicas, and what one replica does."""
+
+    pool_id: str
+    env: Environment
+    config: ChainConfig
+    n: int
+    est: ChainEstimate
+    instances: int
+    unit_price: float  # $/hour per instance
+    gpus_per_instance: int
+    cold_s: float
+    chain_obj: Chain | None = None
+
+    @property
+    def chain(self) -> Chain:
+        return self.chain_obj if self.chain_obj is not None else Chain(env=self.env, config=self.config)
+
+    @property
+    def key(self) -> str:
+        return chain_key(self.env, self.config)
+
+    @property
+    def price(self) -> float:
+        return self.instances * self.unit_price
+
+    @property
+    def gpus(self) -> int:
+        return self.config.gpus * self.n
+
+    def price_of(self, k: int) -> float:
+        return instances_for(self.config.gpus, k, self.gpus_per_instance) * self.unit_price
+
+    def to_rank(self, mechanism_id: str | None = None) -> Rank:
+        return Rank(env=self.env, config=self.config, n_replicas=self.n, mechanism_id=mechanism_id)
+
+    def with_n(self, n: int) -> RankSpec:
+        return RankSpec(self.pool_id, self.env, self.config, n, self.est,
+                        instances_for(self.config.gpus, n, self.gpus_per_instance), self.unit_price,
+                        self.gpus_per_instance, self.cold_s, self.chain_obj)
+
+
+@dataclass(eq=False)
+class Candidate:
+    """One option of one job: a ladder (place/swap), the running ladder (keep) or nothing (defer)."""
+
+    job_id: str
+    kind: OptionKind
+    ranks: tuple[RankSpec, ...]
+    y: np.ndarray
+    j: float
+    p_brk: float
+    switch: float
+    sigma: float  # J − γ p_brk − λ SwitchCost (EIG enters Φ through Expl(P))
+    unserved: float
+    served_tps: float
+    demand_tps: float
+    capacity_tps: float
+    c3_ok: bool = True
+    late: bool = False
+    eig: float = 0.0
+    activation: Activation = EMPTY
+    mechanism_id: str | None = None
+    cand_id: str = ""
+    _ladder: Ladder | None = field(default=None, repr=False)
+
+    @property
+    def usage(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for r in self.ranks:
+            out[r.pool_id] += r.instances
+        return dict(out)
+
+    @property
+    def gpus(self) -> int:
+        return sum(r.gpus for r in self.ranks)
+
+    @property
+    def gpus_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for r in self.ranks:
+            out[r.env.gpu_type] += r.gpus
+        return dict(out)
+
+    @property
+    def hourly_price(self) -> float:
+        return sum(r.price for r in self.ranks)
+
+    def ladder(self) -> Ladder | None:
+        if not self.ranks:
+            return None
+        if self._ladder is None:
+            self._ladder = Ladder(ranks=[r.to_rank(self.mechanism_id) for r in self.ranks])
+        return self._ladder
+
+    def values(self) -> dict[str, float]:
+        from koi.variables import OBJECTIVES
+
+        return {o: float(v) for o, v in zip(OBJECTIVES, self.y, strict=True)}
+
+
+@dataclass
+class JobCandidates:
+    """Everything the selector and validation need about one job."""
+
+    state: JobState
+    slice: BudgetSlice | None
+    demand_tps: float
+    candidates: list[Candidate]  # place (pending) or swap (active), after C3 and pruning
+    keep: Candidate | None  # active jobs: the running ladder
+    defer: Candidate | None  # pending jobs: nothing
+    reference: ReferencePoint | None
+    n_chains: int = 0  # chains enumerated
+    n_feasible: int = 0  # chains physically feasible (C2) with capacity > 0
+    n_c3_dropped: int = 0
+    infeasible_reasons: list[str] = field(default_factory=list)
+    late: bool = False
+    scored_builder: Callable[[], list[Candidate]] | None = field(default=None, repr=False)
+    _all: list[Candidate] | None = field(default=None, repr=False)
+
+    @property
+    def all_scored(self) -> list[Candidate]:
+        """Every sized ladder before C3 and pruning (C6 and the baselines need the full feasible set)."""
+        if self._all is None:
+            self._all = self.scored_builder() if self.scored_builder is not None else list(self.candidates)
+        return self._all
+
+    @property
+    def job_id(self) -> str:
+        return self.state.job.job_id
+
+    @property
+    def null(self) -> Candidate:
+        out = self.keep if self.keep is not None else self.defer
+        assert out is not None
+        return out
+
+    @property
+    def options(self) -> list[Candidate]:
+        return [self.null, *self.candidates]
+
+
+# ---- demand -----------------------------------------------------------------------------------
+def batch_remaining_tokens(js: JobState) -> float:
+    j = js.job
+    if j.slo.num_requests is None:
+        return 0.0
+    return max(j.slo.num_requests - js.completed_requests, 0) * j.workload.osl
+
+
+def batch_seconds_left(js: JobState, now: float) -> float:
+    d = js.job.deadline_at
+    return math.inf if d is None else d - now
+
+
+def demand_tps(js: JobState, now: float, tick_s: float, startup_s: float = 0.0) -> float:
+    """Output tokens/s the job needs: λ·osl (online); remaining tokens over the time left (batch)."""
+    j = js.job
+    if j.job_class is JobClass.ONLINE:
+        return j.workload.arrival.rate_rps * j.workload.osl
+    rem = batch_remaining_tokens(js)
+    left = batch_seconds_left(js, now) - startup_s
+    if left < tick_s:  # past (or at) the deadline: finish within one tick
+        left = tick_s
+    return rem / left
+
+
+def size_online(rate_rps: float, cap_rps: float) -> int:
+    """n_min = ⌈λ / capacity per replica⌉ (0 capacity → 0: the chain is rejected)."""
+    if cap_rps <= 0:
+        return 0
+    return max(1, math.ceil(rate_rps / cap_rps - 1e-9))
+
+
+def batch_curve(required_tps: float, tps_per_replica: float, slack: float, fast_factor: float) -> list[int]:
+    """Replica counts on the throughput-versus-deadline curve: the deadline point with slack and a faster one."""
+    if tps_per_replica <= 0:
+        return []
+    n_dead = max(1, math.ceil(required_tps * (1.0 + slack) / tps_per_replica - 1e-9))
+    n_fast = max(n_dead + 1, math.ceil(required_tps * (1.0 + slack) * fast_factor / tps_per_replica - 1e-9))
+    return [n_dead, n_fast]
+
+
+# ---- enumeration --------------------------------------------------------------------------------
+def dtype_variants(model: ModelArch, gpu_fp8: bool, allow_fp8: bool,
+                   mixed: bool = False) -> list[tuple[DType, DType | None]]:
+    """(weight dtype, KV dtype) pairs: native; fp8 weights and KV where the GPU has fp8; optionally fp8
+    weights over a native-precision KV cache (``mixed``)."""
+    out: list[tuple[DType, DType | None]] = [(model.native_dtype, None)]
+    if allow_fp8 and gpu_fp8 and model.native_dtype is not DType.FP8:
+        if mixed:
+            out.append((DType.FP8, model.native_dtype))
+        out.append((DType.FP8, None))
+    return out
+
+
+def chain_configs(
+    model: ModelArch, instance_type: str, gpus_per_instance: int, gpu_fp8: bool, job_class: JobClass,
+    ctx: PlanningContext, max_gpus: int,
+) -> list[ChainConfig]:
+    """Configs to try on one hardware class, in a fixed order (see EnumerationParams)."""
+    p = ctx.enum
+    presets = p.presets_online if job_class is JobClass.ONLINE else p.presets_batch
+    G = gpus_per_instance
+    out = []
+    for wd, kd in dtype_variants(model, gpu_fp8, p.fp8, p.fp8_mixed_kv):
+        for preset in presets:
+            for pp in p.pp:
+                for tp in p.tp:
+                    g = tp * pp
+                    if tp > G or g > min(p.max_chain_gpus, max(max_gpus, 1)):
+                        continue
+                    if (g <= G and G % g) or (g > G and g % G):
+                        continue
+                    out.append(_config(instance_type, tp, pp, wd, kd, preset))
+    return out
+
+
+@lru_cache(maxsize=65536)
+def _config(instance_type: str, tp: int, pp: int, wd: DType, kd: DType | None, preset: str) -> ChainConfig:
+    """One shared, immutable ChainConfig per knob combination (configs are values; sharing them makes
+    identity-keyed caches downstream cheap)."""
+    return ChainConfig(instance_type=instance_type, tp=tp, pp=pp, weight_dtype=wd, kv_dtype=kd, **PRESETS[preset])
+
+
+def _bounded(configs: list[ChainConfig], ests: list[ChainEstimate], keep: int) -> list[int]:
+    """Indices of feasible configs with capacity: per (dtype, preset) the ``keep`` smallest shapes, ordered
+    by (GPUs, PP, TP) — the smallest footprint first, and tensor before pipeline parallelism at equal size
+    (PP adds bubbles and a hop; it is kept only where TP alone cannot fit the model)."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, (c, e) in enumerate(zip(configs, ests, strict=True)):
+        if e.feasible and e.cap_tps > 0:
+            groups[(c.weight_dtype, c.kv_dtype, c.max_num_seqs)].append(i)
+    out = []
+    for key in sorted(groups, key=str):
+        idx = sorted(groups[key], key=lambda i: (configs[i].gpus, configs[i].pp, configs[i].tp))
+        out.extend(idx[:keep])
+    return sorted(out)
+
+
+# ---- evaluation -----------------------------------------------------------------------------------
+@dataclass
+class LadderEval:
+    y: np.ndarray  # (L, 5) in OBJECTIVES order
+    p_brk: np.ndarray
+    unserved: np.ndarray
+    served_tps: np.ndarray
+    capacity_tps: np.ndarray
+    price: np.ndarray  # $/hour
+
+
+def _residual_groups(ctx: PlanningContext, job, chains: list[Chain], objective: str) -> list[tuple[np.ndarray | None, np.ndarray]]:
+    """Group rank indices by their residual history (same array → one vectorised breach call)."""
+    if getattr(ctx.predictor, "residual_free", False):  # nothing learned yet: one cold group
+        return [(None, np.arange(len(chains)))]
+    by_chain: dict[tuple, tuple[np.ndarray | None, list[int]]] = {}
+    cache: dict[tuple[str, int], np.ndarray | None] = {}
+    for i, c in enumerate(chains):
+        ck = (c.env.env_id, id(c.config))  # configs are shared objects within one pass
+        if ck not in cache:
+            r = ctx.predictor.residuals(objective, job, c)
+            cache[ck] = None if r is None or len(r) == 0 else np.asarray(r, dtype=float)
+        r = cache[ck]
+        key = ("cold",) if r is None else (r.tobytes(),)
+        if key not in by_chain:
+            by_chain[key] = (r, [])
+        by_chain[key][1].append(i)
+    return [(r, np.array(ix, dtype=int)) for r, ix in by_chain.values()]
+
+
+def evaluate_ladders(
+    js: JobState, ladders: Sequence[Sequence[RankSpec]], ctx: PlanningContext, now: float,
+    startup_s: np.ndarray | float = 0.0,
+) -> LadderEval:
+    """Ŷ, p_brk and unserved share of each ladder of one job (vectorised; module docstring)."""
+    job = js.job
+    L = len(ladders)
+    lad = np.array([i for i, lad_ in enumerate(ladders) for _ in lad_], dtype=int)
+    ranks = [r for lad_ in ladders for r in lad_]
+    if L == 0:
+        z = np.zeros(0)
+        return LadderEval(np.zeros((0, 5)), z, z, z, z, z)
+    n = np.array([r.n for r in ranks], dtype=float)
+    cap_rps = np.array([r.est.cap_rps for r in ranks])
+    sat_rps = np.array([r.est.sat_rps for r in ranks])
+    sat_tps = np.array([r.est.sat_tps for r in ranks])
+    cap_tps = np.array([r.est.cap_tps for r in ranks])
+    price = np.bincount(lad, weights=[r.price for r in ranks], minlength=L)
+    unc = np.array([r.est.uncertainty for r in ranks])
+    chains = [r.chain for r in ranks]
+    osl = float(job.workload.osl)
+    knobs = ctx.knobs
+    startup = np.broadcast_to(np.asarray(startup_s, dtype=float), (L,))
+
+    def lmax(v: np.ndarray) -> np.ndarray:
+        out = np.full(L, -np.inf)
+        np.maximum.at(out, lad, v)
+        return out
+
+    if job.job_class is JobClass.ONLINE:
+        lam = job.workload.arrival.rate_rps
+        cap_total = np.bincount(lad, weights=n * cap_rps, minlength=L)
+        sat_total = np.bincount(lad, weights=n * sat_rps, minlength=L)
+        # share the load by SLO capacity (by saturation when a ladder has none)
+        share_base = np.where(cap_total[lad] > 0, cap_rps, sat_rps)
+        denom = np.bincount(lad, weights=n * share_base, minlength=L)
+        per_rep = np.where(denom[lad] > 0, lam * share_base / np.maximum(denom[lad], 1e-12), np.inf)
+        ttft_r, tpot_r = ctx.predictor.latency(job, chains, per_rep)
+        ttft, tpot = lmax(ttft_r), lmax(tpot_r)
+        served = np.minimum(lam, sat_total) * osl
+        capacity = cap_total * osl
+        unserved = np.where(lam > 0, np.clip(1.0 - cap_total / max(lam, 1e-12), 0.0, 1.0), 0.0)
+        margin = outcomes.online_slo_margin(ttft, tpot, job.slo.p99_ttft_ms, job.slo.p99_tpot_ms)
+        p_rank = np.zeros((len(ranks), 2))
+        for col, (obj, vals, target) in enumerate(
+            (("p99_ttft_ms", ttft_r, job.slo.p99_ttft_ms), ("p99_tpot_ms", tpot_r, job.slo.p99_tpot_ms))
+        ):
+            for res, ix in _residual_groups(ctx, job, chains, obj):
+                p_rank[ix, col] = breach_probability(vals[ix], target, maximize=False, residuals=res,
+                                                     eps=knobs.eps, uncertainty=unc[ix])
+        p_brk = lmax(combine(p_rank, axis=1))
+    else:
+        thr = np.bincount(lad, weights=n * sat_tps, minlength=L)
+        ttft = lmax(np.array([r.est.ttft_ms for r in ranks]))
+        tpot = lmax(np.array([r.est.tpot_ms for r in ranks]))
+        served = thr
+        capacity = thr
+        rem = batch_remaining_tokens(js)
+        left = batch_seconds_left(js, now) - startup
+        required = rem / np.maximum(left, ctx.switch.tick_s)  # demand_tps, vectorised over start-up times
+        unserved = np.clip(1.0 - thr / np.maximum(required, 1e-12), 0.0, 1.0)
+        margin = outcomes.batch_slo_margin(rem, np.maximum(left, 0.0), thr)
+        # the ladder's throughput residuals: those of its first (largest) rank's chain
+        first = np.array([np.flatnonzero(lad == i)[0] for i in range(L)])
+        p_brk = np.zeros(L)
+        lead_chains = [chains[k] for k in first]
+        for res, ix in _residual_groups(ctx, job, lead_chains, "throughput_tokens_per_sec"):
+            p_brk[ix] = breach_probability(thr[ix], required[ix], maximize=True, residuals=res, eps=knobs.eps,
+                                           uncertainty=unc[first[ix]])
+    del cap_tps
+    cost = outcomes.cost_per_token(price, served)
+    y = np.column_stack([cost, ttft, tpot, served, margin])
+    return LadderEval(y, p_brk, unserved, served, capacity, price)
+
+
+# ---- switching ----------------------------------------------------------------------------------
+def _items(ranks: Sequence[RankSpec]) -> list[SwitchItem]:
+    return [SwitchItem(r.key, r.n, r.cold_s, r.price_of) for r in ranks]
+
+
+def switch_costs(current: Sequence[RankSpec] | None, ladders: Sequence[Sequence[RankSpec]], p_brk: np.ndarray,
+                 ctx: PlanningContext) -> np.ndarray:
+    """SwitchCost of each ladder against the running one (0 for a fresh placement)."""
+    if not current:
+        return np.zeros(len(ladders))
+    old = _items(current)
+    return np.array([switch_cost_items(old, _items(lad), float(p), ctx.switch).total
+                     for lad, p in zip(ladders, p_brk, strict=True)])
+
+
+# ---- the generator ----------------------------------------------------------------------------------
+@dataclass
+class _Proto:
+    """A (chain, n) on a hardware class, evaluated once and fanned out over the class's pools."""
+
+    config: ChainConfig
+    est: ChainEstimate
+    n: int
+    cls: int
+    instances: int
+    cold_s: float
+
+
+def _signature(js: JobState, with_rate: bool = True) -> str:
+    """Identity of what a per-replica prediction depends on. Without the rate it keys the estimate
+    cache: a replica's capacity under the p99 targets is a property of the chain, the request shape and
+    the targets, not of how much load the job offers (that only sets the replica count)."""
+    j = js.job
+    w = j.workload.model_dump(mode="json")
+    if not with_rate:
+        w["arrival"] = {k: v for k, v in w["arrival"].items() if k != "rate_rps"}
+    return stable_hash({"m": j.model, "w": w, "c": j.job_class.value, "t": [j.slo.p99_ttft_ms, j.slo.p99_tpot_ms]})
+
+
+class CandidateGenerator:
+    """Builds :class:`JobCandidates` for the jobs of one snapshot (caches across jobs of one pass).
+
+    Per job everything stays in numpy arrays — one row per (prototype, pool) — until the
+    pruning has chosen the survivors; only those become :class:`Candidate` objects. The
+    full scored set (``JobCandidates.all_scored``, used by C6 and the baselines) is built
+    on demand from the same arrays.
+    """
+
+    def __init__(self, snapshot: ClusterSnapshot, ctx: PlanningContext) -> None:
+        self.snapshot = snapshot
+        self.ctx = ctx
+        self.pools = PoolIndex(snapshot.resources)
+        self._est_cache: dict[tuple[str, str, int], list[tuple[ChainConfig, ChainEstimate]]] = {}
+        self._cfg_cache: dict[tuple, list[ChainConfig]] = {}
+        self._feat_cache: dict[tuple, Activation] = {}
+        self._cold_cache: dict[tuple, float] = {}
+        self._pid: dict[int, str] = {id(p): pid for pid, p in self.pools.by_id.items()}
+        self._chains: dict[tuple[int, int], Chain] = {}
+        self._chain_est: dict[tuple, ChainEstimate] = {}
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _classes(self, slice_: BudgetSlice | None) -> list[tuple[str, list[Pool]]]:
+        """Hardware classes of the allowed pools (or single pools for an env-sensitive predictor)."""
+        allowed = slice_.pool_ids if slice_ is not None else sorted(self.pools.by_id)
+        groups: dict[str, list[Pool]] = defaultdict(list)
+        for pid in allowed:
+            p = self.pools.by_id.get(pid)
+            if p is None:
+                continue
+            key = pid if self.ctx.predictor.env_sensitive else f"{p.env.gpu_type}|{p.instance_type}|{p.gpus_per_instance}"
+            groups[key].append(p)
+        return [(k, sorted(groups[k], key=lambda p: p.pool_id)) for k in sorted(groups)]
+
+    def _configs(self, model: ModelArch, rep: Pool, job_class: JobClass, max_gpus: int) -> list[ChainConfig]:
+        key = (model.name, rep.instance_type, rep.gpus_per_instance, rep.env.gpu_type, job_class, max_gpus)
+        hit = self._cfg_cache.get(key)
+        if hit is None:
+            gpu = catalog.gpu(rep.env.gpu_type)
+            hit = chain_configs(model, rep.instance_type, rep.gpus_per_instance, gpu.supports_fp8, job_class,
+                                self.ctx, max_gpus)
+            self._cfg_cache[key] = hit
+        return hit
+
+    def _estimates(self, js: JobState, sig: str, classes: list[tuple[str, list[Pool]]], max_gpus: int,
+                   model: ModelArch) -> list[list[tuple[ChainConfig, ChainEstimate]]]:
+        """Feasible chains with capacity for this job, per hardware class, bounded (EnumerationParams).
+
+        Configs are walked per (class, dtype, preset) from the smallest shape up, in rounds batched
+        across all groups and classes (one predictor call per round): the cheap C2 check first,
+        then an estimate for the feasible ones, until each group has ``shapes_per_dtype`` chains
+        that can carry load under the p99 targets (or has no shapes left). Estimating is what
+        costs, and the smallest feasible shapes are the ones kept, so most of the enumeration is
+        never predicted. Results are cached per (job shape, class) for the other jobs of the pass.
+        """
+        out: list[list[tuple[ChainConfig, ChainEstimate]] | None] = [
+            self._est_cache.get((sig, ckey, max_gpus)) for ckey, _ in classes]
+        todo = [ci for ci, hit in enumerate(out) if hit is None]
+        k = self.ctx.enum.shapes_per_dtype
+        order: dict[tuple, list[int]] = {}
+        cfgs: dict[int, list[ChainConfig]] = {}
+        for ci in todo:
+            rep = classes[ci][1][0]
+            configs = cfgs[ci] = self._configs(model, rep, js.job.job_class, max_gpus)
+            groups: dict[tuple, list[int]] = defaultdict(list)
+            for i, c in enumerate(configs):
+                groups[(ci, str(c.weight_dtype), str(c.kv_dtype), c.max_num_seqs)].append(i)
+            for g, ix in groups.items():
+                order[g] = sorted(ix, key=lambda i, cf=configs: (cf[i].gpus, cf[i].pp, cf[i].tp))
+        done: dict[tuple, list[int]] = {g: [] for g in order}
+        pos = dict.fromkeys(order, 0)
+        ests: dict[tuple[int, int], ChainEstimate] = {}
+        gkeys = sorted(order)
+        while True:
+            batch: list[tuple[tuple, int]] = []
+            for g in gkeys:
+                want = k - len(done[g])
+                if want <= 0 or pos[g] >= len(order[g]):
+                    continue
+                nxt = order[g][pos[g]: pos[g] + want]
+                pos[g] += len(nxt)
+                batch += [(g, i) for i in nxt]
+            if not batch:
+                break
+            chains = [self._chain(classes[g[0]][1][0].env, cfgs[g[0]][i]) for g, i in batch]
+            feas = self.ctx.predictor.feasible(js.job, chains)
+            live = [(gi, ch) for gi, ch, (ok, _) in zip(batch, chains, feas, strict=True) if ok]
+            if not live:
+                continue
+            got = self.ctx.predictor.estimate(js.job, [ch for _, ch in live])
+            for ((g, i), ch), e in zip(live, got, strict=True):
+                ests[(g[0], i)] = e
+                self._chain_est[(sig, ch.env.gpu_type, ch.env.cloud, cfgs[g[0]][i])] = e
+                if e.feasible and e.cap_tps > 0:
+                    done[g].append(i)
+        for ci in todo:
+            idx = sorted(i for g, ix in done.items() if g[0] == ci for i in ix)
+            res = [(cfgs[ci][i], ests[(ci, i)]) for i in idx]
+            self._est_cache[(sig, classes[ci][0], max_gpus)] = res
+            out[ci] = res
+        return [x if x is not None else [] for x in out]
+
+    def _cold(self, model: ModelArch, cfg: ChainConfig, gpi: int) -> float:
+        key = (model.name, cfg.weight_dtype, cfg.tp * cfg.pp * cfg.dp, gpi)
+        hit = self._cold_cache.get(key)
+        if hit is None:
+            sp = self.ctx.switch
+            nodes = max(1, math.ceil(key[2] / gpi))
+            hit = model.weight_bytes(cfg.weight_dtype) / 1e9 / nodes / sp.load_bw_gbs + sp.warmup_s
+            self._cold_cache[key] = hit
+        return hit
+
+    def _spec(self, pool: Pool, cfg: ChainConfig, est: ChainEstimate, n: int, model: ModelArch,
+              env: Environment | None = None) -> RankSpec:
+        gpi = pool.gpus_per_instance
+        e = env or pool.env
+        return RankSpec(self._pid.get(id(pool)) or pool.pool_id, e, cfg, n, est,
+                        instances_for(cfg.tp * cfg.pp * cfg.dp, n, gpi), pool.hourly_price, gpi,
+                        self._cold(model, cfg, gpi), self._chain(e, cfg))
+
+    def _chain(self, env: Environment, cfg: ChainConfig) -> Chain:
+        key = (id(env), id(cfg))
+        hit = self._chains.get(key)
+        if hit is None or hit.env is not env or hit.config is not cfg:
+            hit = Chain(env=env, config=cfg)
+            self._chains[key] = hit
+        return hit
+
+    def current_specs(self, js: JobState, model: ModelArch) -> tuple[RankSpec, ...] | None:
+        """The running ladder of an active job as RankSpecs (predicted anew for this tick).
+
+        A *degraded* rank is scored with the replicas that actually materialised (its capacity
+        is what serves traffic; the overview's Mixtral example: one of two replicas up), while
+        its instances stay counted as allocated. Launching ranks count as planned.
+        """
+        from dataclasses import replace
+
+        from koi.domain.cluster import DeploymentState
+
+        ladder = self.snapshot.ladder_of(js.job.job_id)
+        if ladder is None:
+            return None
+        specs = list(self.ladder_specs(js, ladder, model))
+        deps = [d for d in self.snapshot.deployments if d.job_id == js.job.job_id and d.is_live]
+        for i, d in enumerate(deps):
+            if d.state is DeploymentState.DEGRADED and d.replicas_ready < d.rank.n_replicas and i < len(specs):
+                specs[i] = replace(specs[i], n=max(d.replicas_ready, 0))
+        return tuple(specs)
+
+    def ladder_specs(self, js: JobState, ladder: Ladder, model: ModelArch | None = None) -> tuple[RankSpec, ...]:
+        """Any ladder (e.g. a proposed one) as RankSpecs; ranks on unknown pools get price 0."""
+        model = model or catalog.model(js.job.model)
+        chains = [r.chain for r in ladder.ranks]
+        ests: list[ChainEstimate | None] = [None] * len(chains)
+        if not self.ctx.predictor.env_sensitive:  # a chain the enumeration already estimated for this job shape
+            sig = _signature(js, with_rate=False)
+            for i, c in enumerate(chains):
+                ests[i] = self._chain_est.get((sig, c.env.gpu_type, c.env.cloud, c.config))
+        missing = [i for i, e in enumerate(ests) if e is None]
+        if missing:
+            got = self.ctx.predictor.estimate(js.job, [chains[i] for i in missing])
+            for i, e in zip(missing, got, strict=True):
+                ests[i] = e
+        out = []
+        for r, e in zip(ladder.ranks, ests, strict=True):
+            p = self.pools.pool_of(r)
+            if p is None:
+                out.append(RankSpec(f"?{r.env.env_id}/{r.config.instance_type}", r.env, r.config, r.n_replicas, e,
+                                    r.n_replicas, 0.0, max(r.config.gpus, 1), self._cold(model, r.config, 8)))
+            else:
+                out.append(self._spec(p, r.config, e, r.n_replicas, model, env=r.env))
+        return tuple(out)
+
+    def activation(self, js: JobState, ranks: Sequence[RankSpec], model: ModelArch, sig: str | None = None) -> Activation:
+        """The edges and mechanisms a ladder exercises (union over its ranks; cached per job shape and chain)."""
+        ex = self.ctx.exploration
+        if not ex.mechanisms:
+            return EMPTY
+        from koi.causal.features import rank_features
+
+        act = EMPTY
+        sig = sig or _signature(js)
+        for r in ranks:
+            key = (sig, r.env.env_id, r.config)
+            a = self._feat_cache.get(key)
+            if a is None:
+                inst = None
+                if r.config.instance_type:
+                    try:
+                        inst = catalog.instance(r.env.cloud, r.config.instance_type)
+                    except catalog.CatalogError:
+                        inst = None
+                try:
+                    gpu = catalog.gpu(r.env.gpu_type)
+                except catalog.CatalogError:
+                    gpu = None
+                f = rank_features(js.job, (r.env, r.config), model, gpu, inst)
+                a = ex.applicable(f)
+                self._feat_cache[key] = a
+            act = act.union(a)
+        return act
+
+    # -- the job -----------------------------------------------------------------------------------
+    def for_job(self, js: JobState, slice_: BudgetSlice | None) -> JobCandidates:
+        ctx, knobs, now = self.ctx, self.ctx.knobs, self.snapshot.now
+        job = js.job
+        model = catalog.model(job.model)
+        online = job.job_class is JobClass.ONLINE
+        weights = np.asarray(knobs.weights_for(job.job_class, job.weights).as_tuple())
+        current = self.current_specs(js, model) if js.status is JobStatus.ACTIVE else None
+        max_gpus = slice_.max_gpus if slice_ is not None else self.snapshot.resources.total_gpus
+        sig = _signature(js)
+        est_sig = _signature(js, with_rate=False)
+        tick_s = ctx.switch.tick_s
+        kind = OptionKind.SWAP if current else OptionKind.PLACE
+
+        # 1. chains per hardware class, sized into prototypes
+        classes = self._classes(slice_)
+        protos: list[_Proto] = []
+        n_chains = 0
+        per_class = self._estimates(js, est_sig, classes, max_gpus, model)
+        for ci, (_ckey, pools) in enumerate(classes):
+            ests = per_class[ci]
+            n_chains += len(ests)
+            gpi = pools[0].gpus_per_instance
+            for cfg, est in ests:
+                cold = self._cold(model, cfg, gpi)
+                if online:
+                    n0 = size_online(job.workload.arrival.rate_rps, est.cap_rps)
+                    ns = [n0, min(math.ceil(n0 * ctx.enum.online_max_headroom), n0 + max(1, n0 // 2))] if n0 else []
+                else:
+                    ns = batch_curve(demand_tps(js, now, tick_s, cold), est.sat_tps, ctx.enum.batch_slack,
+                                     ctx.enum.batch_fast_factor)
+                for k in sorted(set(ns)):
+                    if k * cfg.gpus > max_gpus:  # cap at the slice's bound (a short ladder, maybe late)
+                        k = max_gpus // cfg.gpus
+                    if k >= 1:
+                        protos.append(_Proto(cfg, est, k, ci, instances_for(cfg.gpus, k, gpi), cold))
+        # dedupe protos capped to the same n
+        uniq: dict[tuple, _Proto] = {}
+        for p in protos:
+            uniq.setdefault((p.cls, p.config, p.n), p)
+        protos = list(uniq.values())
+
+        # 2. evaluate prototypes once (on the class's first pool), fan out over the class's pools
+        P = len(protos)
+        keep_eval = None
+        if P or current:
+            rep: list[tuple[RankSpec, ...]] = [(self._spec(classes[p.cls][1][0], p.config, p.est, p.n, model),)
+                                               for p in protos]
+            start = [p.cold_s for p in protos]
+            if current:  # the running ladder rides in the same predictor call (no start-up: it runs)
+                rep.append(current)
+                start.append(0.0)
+            ev = evaluate_ladders(js, rep, ctx, now, np.array(start))
+            if current:
+                keep_eval = LadderEval(ev.y[P:], ev.p_brk[P:], ev.unserved[P:], ev.served_tps[P:],
+                                       ev.capacity_tps[P:], ev.price[P:])
+        rows_p: list[int] = []
+        rows_pool: list[Pool] = []
+        for i, p in enumerate(protos):
+            for pool in classes[p.cls][1]:
+                rows_p.append(i)
+                rows_pool.append(pool)
+        F = len(rows_p)
+        rows_pid = [self._pid[id(pl)] for pl in rows_pool]
+        rp = np.array(rows_p, dtype=int)
+        inst = np.array([protos[i].instances for i in rows_p], dtype=float)
+        price = inst * np.array([pl.hourly_price for pl in rows_pool]) if F else np.zeros(0)
+        if F:
+            y = ev.y[rp].copy()
+            y[:, 0] = outcomes.cost_per_token(price, ev.served_tps[rp])
+            p_brk, unserved = ev.p_brk[rp], ev.unserved[rp]
+            served, capacity = ev.served_tps[rp], ev.capacity_tps[rp]
+        else:
+            y = np.zeros((0, 5))
+            p_brk = unserved = served = capacity = np.zeros(0)
+
+        def row_spec(f: int) -> RankSpec:
+            p = protos[rows_p[f]]
+            return self._spec(rows_pool[f], p.config, p.est, p.n, model)
+
+        # 3. split ladders across pools when the best pools are short
+        hetero = self._hetero(rows_p, rows_pool, rows_pid, protos, y, p_brk, weights, online, row_spec)
+        if hetero:
+            hev = evaluate_ladders(js, hetero, ctx, now, np.array([max(r.cold_s for r in h) for h in hetero]))
+        H = len(hetero)
+        all_y = np.vstack([y, hev.y]) if H else y
+        all_p = np.concatenate([p_brk, hev.p_brk]) if H else p_brk
+
+        # 4. the running ladder was scored on the same footing in step 2 (keep_eval)
+
+        # 5. reference point, J, switch, σ
+        ref_y = all_y if keep_eval is None else np.vstack([all_y, keep_eval.y])
+        ref = reference_point(ref_y, ctx.history.get(job.job_id)) if len(ref_y) else None
+        z, rng = ref.arrays() if ref is not None else (np.zeros(5), np.ones(5))
+        j_all = tchebycheff(all_y, weights, z, rng, knobs.rho) if len(all_y) else np.zeros(0)
+        sw = np.zeros(F + H)
+        cur_cfgs = [r.config for r in current] if current else []
+        proto_cur = [any(p.config == c for c in cur_cfgs) for p in protos]
+        if current:
+            cur_price = sum(r.price for r in current)
+            cur_pools = {r.pool_id for r in current}
+            sp = ctx.switch
+            usd_new = price / 3600.0
+            usd_old = cur_price / 3600.0
+            norm = np.maximum(np.maximum(usd_new, usd_old), 1e-12) * sp.tick_s
+            cold = np.array([protos[i].cold_s for i in rows_p]) if F else np.zeros(0)
+            sw[:F] = (cold * usd_new + (sp.overlap_s + sp.drain_s) * usd_old + p_brk * sp.tick_s * usd_new) / norm
+            for f in range(F):  # rows that may share a chain with the running ladder: exact item path
+                if proto_cur[rows_p[f]] and rows_pid[f] in cur_pools:
+                    sw[f] = switch_costs(current, [(row_spec(f),)], p_brk[f:f + 1], ctx)[0]
+            if H:
+                sw[F:] = switch_costs(current, hetero, hev.p_brk, ctx)
+        sigma = j_all - knobs.gamma * all_p - knobs.lam * sw
+        dem = demand_tps(js, now, tick_s)
+        all_unserved = np.concatenate([unserved, hev.unserved]) if H else unserved
+        all_served = np.concatenate([served, hev.served_tps]) if H else served
+        all_cap = np.concatenate([capacity, hev.capacity_tps]) if H else capacity
+
+        def ranks_of(i: int) -> tuple[RankSpec, ...]:
+            return (row_spec(i),) if i < F else hetero[i - F]
+
+        def make(i: int) -> Candidate:
+            return Candidate(job.job_id, kind, ranks_of(i), all_y[i], float(j_all[i]), float(all_p[i]), float(sw[i]),
+                             float(sigma[i]), float(all_unserved[i]), float(all_served[i]), dem, float(all_cap[i]),
+                             c3_ok=bool(all_p[i] <= knobs.tau))
+
+        # the running ladder itself is the keep option, not a candidate
+        same = np.zeros(F + H, dtype=bool)
+        if current:
+            cur_key = _ladder_key(current)
+            cur_pools = {r.pool_id for r in current}
+            for i in range(F + H):
+                if i < F and not (proto_cur[rows_p[i]] and len(current) == 1):
+                    continue
+                pools_i = {rows_pid[i]} if i < F else {r.pool_id for r in hetero[i - F]}
+                if pools_i <= cur_pools and _ladder_key(ranks_of(i)) == cur_key:
+                    same[i] = True
+
+        # 6. C3, late batch jobs
+        c3 = (all_p <= knobs.tau) & ~same
+        late = bool(not c3.any() and (~same).any() and not online)
+        eligible = (~same) if late else c3
+        kept_idx = self._prune_idx(np.flatnonzero(eligible), rows_pid, F, hetero, inst, sigma)
+        kept = [make(i) for i in kept_idx]
+        for c in kept:
+            c.late = late
+
+        keep_c = None
+        if current and keep_eval is not None:
+            kj = float(tchebycheff(keep_eval.y, weights, z, rng, knobs.rho)[0])
+            kp = float(keep_eval.p_brk[0])
+            keep_c = Candidate(job.job_id, OptionKind.KEEP, current, keep_eval.y[0], kj, kp, 0.0,
+                               kj - knobs.gamma * kp, float(keep_eval.unserved[0]), float(keep_eval.served_tps[0]),
+                               dem, float(keep_eval.capacity_tps[0]), c3_ok=kp <= knobs.tau)
+        defer_c = None
+        if js.status is JobStatus.PENDING:
+            defer_c = Candidate(job.job_id, OptionKind.DEFER, (), np.full(5, np.nan), 0.0, 0.0, 0.0, 0.0, 1.0, 0.0,
+                                dem, 0.0)
+        elif keep_c is None:
+            # An active job whose ranks are all gone (reclaimed, failed to materialise): keeping
+            # it means keeping nothing, which serves none of its demand. Without this option the
+            # job would have no null choice and the selector could not leave it unplaced.
+            keep_c = Candidate(job.job_id, OptionKind.KEEP, (), np.full(5, np.nan), 0.0, 0.0, 0.0, 0.0, 1.0, 0.0,
+                               dem, 0.0)
+        for c in [*kept, *([keep_c] if keep_c else [])]:
+            c.activation = self.activation(js, c.ranks, model, sig)
+            c.eig = ctx.exploration.eig(c.activation)
+            c.mechanism_id = ctx.exploration.best_mechanism(c.activation)
+        for c in [*kept, *(x for x in (keep_c, defer_c) if x is not None)]:
+            c.cand_id = f"{job.job_id}#{c.kind.value}:{_ladder_key(c.ranks) if c.ranks else '-'}"
+
+        def build_all() -> list[Candidate]:
+            out = []
+            for i in np.flatnonzero(~same):
+                c = make(int(i))
+                c.late = late
+                c.cand_id = f"{job.job_id}#{c.kind.value}:{_ladder_key(c.ranks)}"
+                out.append(c)
+            return out
+
+        reasons: list[str] = []
+        if not kept:
+            if n_chains == 0:
+                reasons.append("no chain of this model fits any GPU its budget allows, or none meets the p99 "
+                               "targets at any load (C2)")
+            elif F + H == 0:
+                reasons.append("no feasible chain can be sized within the budget slice")
+            else:
+                reasons.append(f"all {int((~same).sum())} sized ladders exceed the breach threshold "
+                               f"τ={knobs.tau} (C3)")
+        return JobCandidates(
+            state=js, slice=slice_, demand_tps=dem, candidates=kept, keep=keep_c, defer=defer_c, reference=ref,
+            n_chains=n_chains, n_feasible=P, n_c3_dropped=int(((all_p > knobs.tau) & ~same).sum()),
+            infeasible_reasons=reasons, late=late, scored_builder=build_all,
+        )
+
+    def _hetero(self, rows_p: list[int], rows_pool: list[Pool], rows_pid: list[str], protos: list[_Proto], y: np.ndarray,
+                p_brk: np.ndarray, weights: np.ndarray, online: bool, row_spec) -> list[tuple[RankSpec, ...]]:  # noqa: ANN001
+        """Fill the best pool's free capacity, put the remainder on the next-best chain in other pools."""
+        e = self.ctx.enum
+        F = len(rows_p)
+        if e.hetero_top <= 0 or e.max_ranks < 2 or F == 0:
+            return []
+        ref = reference_point(y)
+        z, rng = ref.arrays()
+        score = tchebycheff(y, weights, z, rng, self.ctx.knobs.rho) - self.ctx.knobs.gamma * p_brk
+        score = np.where(p_brk <= self.ctx.knobs.tau, score, -np.inf)
+        order = [int(i) for i in np.lexsort((np.arange(F), -score)) if np.isfinite(score[i])]
+        seen: set[tuple[str, ChainConfig]] = set()
+        firsts = []  # the first rank: the best rows, one per (pool, config)
+        fillers: dict[str, int] = {}  # the remainder: the best row of every pool
+        for i in order:
+            k = (rows_pid[i], protos[rows_p[i]].config)
+            if k not in seen and len(firsts) < e.hetero_top:
+                seen.add(k)
+                firsts.append(i)
+            fillers.setdefault(rows_pid[i], i)
+        filler_rows = list(fillers.values())  # insertion order is score order
+        free = {pid: p.free_instances for pid, p in self.pools.by_id.items()}
+        out: dict[str, tuple[RankSpec, ...]] = {}
+        for i in firsts:
+            p0 = protos[rows_p[i]]
+            if p0.instances <= free.get(rows_pid[i], 0):
+                continue  # this pool is not short
+            need = p0.n * (p0.est.cap_tps if online else p0.est.sat_tps)
+            ranks: list[RankSpec] = []
+            left = dict(free)
+            used: set[str] = set()
+            for k in [i, *filler_rows]:
+                if need <= 1e-9 or len(ranks) >= e.max_ranks:
+                    break
+                pool, pid, pk = rows_pool[k], rows_pid[k], protos[rows_p[k]]
+                if pid in used or left.get(pid, 0) <= 0:
+                    continue
+                rate = pk.est.cap_tps if online else pk.est.sat_tps
+                if rate <= 0:
+                    continue
+                fit = math.ceil(need / rate - 1e-9)
+                while fit > 0 and instances_for(pk.config.gpus, fit, pool.gpus_per_instance) > left[pid]:
+                    fit -= 1
+                if fit <= 0:
+                    continue
+                spec = row_spec(k).with_n(fit)
+                ranks.append(spec)
+                used.add(pid)
+                left[pid] -= spec.instances
+                need -= fit * rate
+            if len(ranks) >= 2 and need <= 1e-9:
+                out.setdefault(_ladder_key(ranks), tuple(ranks))
+        return [out[k] for k in sorted(out)]
+
+    def _prune_idx(self, idx: np.ndarray, rows_pid: list[str], F: int, hetero: list[tuple[RankSpec, ...]],
+                   inst: np.ndarray, sigma: np.ndarray) -> list[int]:
+        """Per pool, drop candidates that use at least as many instances for no better σ (dominated: in
+        the same pool they compete for the same capacity); then keep the best σ of each pool, the smallest
+        footprint of each pool, and fill to ``max_candidates`` by σ (ties by enumeration order:
+        deterministic). Split ladders compete as one more group.
+
+        Choice: EIG is not part of the dominance test — a dominated candidate that would test other edges
+        is dropped; exploration chooses among the survivors.
+        """
+        if len(idx) == 0:
+            return []
+        by_pool: dict[str, list[int]] = defaultdict(list)
+        multi: list[int] = []
+        for i in idx.tolist():
+            (by_pool[rows_pid[i]].append(i) if i < F else multi.append(i))
+
+        def size(i: int) -> float:
+            return float(inst[i]) if i < F else float(sum(r.instances for r in hetero[i - F]))
+
+        survivors: list[int] = []
+        smallest: dict[str, int] = {}
+        best_of: dict[str, int] = {}
+        prune = self.ctx.enum.prune_dominated
+        for pid in sorted(by_pool):
+            group = sorted(by_pool[pid], key=lambda i: (size(i), -sigma[i], i))
+            smallest[pid] = group[0]
+            best = -math.inf
+            for i in group:
+                if not prune or sigma[i] > best + 1e-12:
+                    survivors.append(i)
+                    best = max(best, sigma[i])
+            best_of[pid] = max(by_pool[pid], key=lambda i: (sigma[i], -i))
+        survivors += multi
+        k = self.ctx.enum.max_candidates
+        chosen: list[int] = []
+        taken: set[int] = set()
+        for pid in sorted(best_of, key=lambda p: (-sigma[best_of[p]], p)):
+            if len(chosen) < k and best_of[pid] not in taken:
+                chosen.append(best_of[pid])
+                taken.add(best_of[pid])
+        if multi and len(chosen) < k:
+            m = max(multi, key=lambda i: (sigma[i], -i))
+            chosen.append(m)
+            taken.add(m)
+        for pid in sorted(smallest):
+            if len(chosen) < k and smallest[pid] not in taken:
+                chosen.append(smallest[pid])
+                taken.add(smallest[pid])
+        for i in sorted(survivors, key=lambda i: (-sigma[i], i)):
+            if len(chosen) >= k:
+                break
+            if i not in taken:
+                chosen.append(i)
+                taken.add(i)
+        return sorted(chosen, key=lambda i: (-sigma[i], i))
+
+
+def _ladder_key(ranks: Sequence[RankSpec]) -> str:
+    return "+".join(sorted(f"{r.key}x{r.n}" for r in ranks))
+
+
+def generate(snapshot: ClusterSnapshot, ctx: PlanningContext, book=None) -> dict[str, JobCandidates]:  # noqa: ANN001
+    """Candidates for every pending and active job, in the budget book's priority order."""
+    from koi.planning.budget import build_budget_book
+
+    book = book or build_budget_book(snapshot)
+    gen = CandidateGenerator(snapshot, ctx)
+    out: dict[str, JobCandidates] = {}
+    for jid in book.priority_table:
+        out[jid] = gen.for_job(snapshot.job(jid), book.slice(jid))
+    return out

@@ -1,0 +1,574 @@
+"""The joint selector: at most one option per job maximising Φ under shared capacity
+(overview §2.6: "a capacity-constrained solver that assigns at most one ladder per job";
+whitepaper eq. 2 and "The Cluster Objective").
+
+Every job has a *null* option — keep (active) or defer (pending) — and its candidates
+(place or swap). The program:
+
+    max  Σ_i Σ_k v_ik x_ik + β Σ_e U_e y_e + β ω_m Σ_m U_m y_m
+    s.t. Σ_k x_ik = 1                                   (one option per job)
+         Σ_ik d_ikp x_ik ≤ free_p                       (C1, per pool; per environment when capped)
+         Σ_ik g_ikq x_ik ≤ quota_q                      (C5, tenant quotas, total and per GPU type)
+         Σ_{i active, k swap} x_ik ≤ B_t                (C4)
+         y_e ≤ Σ_ik a_e(ik) x_ik,  0 ≤ y_e ≤ 1          (Expl's saturation, linearised)
+         x ∈ {0,1}
+
+with v_ik = σ_ik − W·max(priority_i, ¼)·unserved_ik (σ = J − γ p_brk − λ SwitchCost; a
+kept ladder is valued at its own J and risk, so a swap must improve on it; a defer has
+σ = 0 and unserved share 1). C3 is applied before: candidates with p_brk > τ are not
+options. d_ikp is the instances option k needs in pool p *net of what it frees* (the
+A/B overlap rules of :mod:`koi.planning.capacity`), so keeping everything is always
+feasible.
+
+**Expl linearisation.** Expl(P) = Σ_e U_e (1 − Π_i (1 − a_e(L_i))) is non-separable. With
+binary masks the saturation is an OR, so a continuous y_e ∈ [0, 1] with
+y_e ≤ Σ a_e x is exact at the optimum (U_e ≥ 0 and we maximise: y_e = min(1, Σ a_e x)).
+Only ladder-bearing options (place/swap) carry masks; keep and defer exercise nothing.
+
+**Determinism.** HiGHS is deterministic on the same model, and every tie in the model
+building and the greedy is broken by job order (the budget book's priority table) and option
+index. A solve stopped by its *time limit* depends on the machine's speed, so a plan is
+replay-stable whenever the MILP proves optimality within the limit (the 25-job cluster
+always; at 1,000 jobs the limit may bind, and the reported gap says by how much).
+
+**Solver.** ``scipy.optimize.milp`` (HiGHS) with ``time_limit`` and ``mip_rel_gap``; we
+report HiGHS's relative gap (``mip_gap``) and dual bound. If HiGHS fails or stops
+without a solution we fall back to a greedy by regret (jobs whose best option beats
+their second-best by most choose first; the one-H100 example needs exactly this) plus
+local search (1-opt moves and 2-job ejections), and report that plan's objective without
+a bound. When HiGHS stops at its time limit with a solution we also run the greedy and keep the
+better (the reported gap is then HiGHS's bound against the plan kept).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from koi.domain.cluster import ClusterSnapshot
+from koi.domain.job import JobStatus
+from koi.logging import get_logger
+from koi.planning.budget import BudgetBook, quota_limits
+from koi.planning.candidates import Candidate, JobCandidates, OptionKind
+from koi.planning.capacity import swap_delta
+from koi.scoring.exploration import ExplorationModel
+from koi.scoring.params import PlanningKnobs
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Option:
+    cand: Candidate
+    value: float
+    usage: dict[str, int]  # net instances per pool
+    quota: dict[tuple[str, str], int]  # (tenant, "*"|gpu type) -> GPUs counted against the quota
+    is_swap: bool
+    edges: tuple[int, ...]
+    mechs: tuple[int, ...]
+
+
+@dataclass
+class SelectionProblem:
+    job_ids: list[str]
+    options: list[list[Option]]  # options[i][0] is the job's null option
+    pool_free: dict[str, int]
+    quota_limit: dict[tuple[str, str], int]
+    swap_budget: int
+    beta: float
+    u_edge: np.ndarray
+    u_mech: np.ndarray
+    omega_m: float
+    env_caps: dict[str, int] = field(default_factory=dict)  # env id -> GPUs (optional)
+
+    @property
+    def n_options(self) -> int:
+        return sum(len(o) for o in self.options)
+
+
+@dataclass
+class SelectionResult:
+    choice: dict[str, Candidate]
+    objective: float  # Φ − unserved penalties (what the program maximises)
+    phi: float  # Φ(P): σ of ladder-bearing options + β Expl(P)
+    expl: float
+    bound: float | None
+    gap: float | None
+    status: str
+    solver: str
+    seconds: float
+    n_vars: int = 0
+    n_constraints: int = 0
+    milp_objective: float | None = None
+    greedy_objective: float | None = None
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "solver": self.solver, "status": self.status, "objective": self.objective, "phi": self.phi,
+            "expl": self.expl, "bound": self.bound, "gap": self.gap, "seconds": self.seconds,
+            "n_vars": self.n_vars, "n_constraints": self.n_constraints,
+            "milp_objective": self.milp_objective, "greedy_objective": self.greedy_objective,
+        }
+
+
+# ---- building the problem -------------------------------------------------------------------------
+def build_problem(
+    snapshot: ClusterSnapshot,
+    jobs: Mapping[str, JobCandidates],
+    book: BudgetBook,
+    knobs: PlanningKnobs,
+    exploration: ExplorationModel,
+    env_caps: Mapping[str, int] | None = None,
+) -> SelectionProblem:
+    total = snapshot.resources.total_gpus
+    pool_free = {p.pool_id: p.free_instances for p in snapshot.resources.pools}
+    # quota rows that can bind: configured limits below the cluster's size
+    current_use: dict[tuple[str, str], int] = defaultdict(int)
+    for jc in jobs.values():
+        if jc.keep is not None:
+            t = jc.state.job.tenant
+            for g, k in jc.keep.gpus_by_type.items():
+                current_use[(t, g)] += k
+                current_use[(t, "*")] += k
+    quota_limit: dict[tuple[str, str], int] = {}
+    for tenant, env in book.envelopes.items():
+        for key, lim in quota_limits(env, total).items():
+            if key == "*" and lim >= total:
+                continue
+            quota_limit[(tenant, key)] = max(lim, current_use.get((tenant, key), 0))
+
+    job_ids = [jid for jid in book.priority_table if jid in jobs] + sorted(set(jobs) - set(book.priority_table))
+    options: list[list[Option]] = []
+    for jid in job_ids:
+        jc = jobs[jid]
+        pr = knobs.priority_weight(jc.state.job.priority)
+        tenant = jc.state.job.tenant
+        keep_usage = jc.keep.usage if jc.keep is not None else {}
+        opts = []
+        for c in [jc.null, *jc.candidates]:
+            is_null = c.kind in (OptionKind.KEEP, OptionKind.DEFER)
+            value = c.sigma - knobs.unserved_weight * pr * c.unserved
+            if c.kind is OptionKind.KEEP:
+                usage: dict[str, int] = {}
+            elif c.kind is OptionKind.SWAP:
+                usage = {k: v for k, v in swap_delta(c.usage, keep_usage).items() if v != 0}
+            else:
+                usage = dict(c.usage)
+            quota: dict[tuple[str, str], int] = {}
+            for g, k in c.gpus_by_type.items():
+                if (tenant, g) in quota_limit:
+                    quota[(tenant, g)] = quota.get((tenant, g), 0) + k
+                if (tenant, "*") in quota_limit:
+                    quota[(tenant, "*")] = quota.get((tenant, "*"), 0) + k
+            act = c.activation
+            opts.append(Option(
+                cand=c, value=float(value), usage=usage, quota=quota, is_swap=c.kind is OptionKind.SWAP,
+                edges=() if is_null else tuple(sorted(act.edges)), mechs=() if is_null else tuple(sorted(act.mechanisms)),
+            ))
+        options.append(opts)
+    return SelectionProblem(
+        job_ids=job_ids, options=options, pool_free=pool_free, quota_limit=quota_limit,
+        swap_budget=knobs.swap_budget, beta=knobs.beta, u_edge=exploration.u_edge, u_mech=exploration.u_mech,
+        omega_m=exploration.omega_m, env_caps=dict(env_caps or {}),
+    )
+
+
+def _env_of_pool(pid: str) -> str:
+    return pid.rsplit("/", 1)[0]
+
+
+# ---- evaluating an assignment ------------------------------------------------------------------------
+def evaluate(problem: SelectionProblem, pick: Sequence[int]) -> tuple[float, float, float]:
+    """(objective, Φ, Expl) of a choice of option index per job."""
+    edges: set[int] = set()
+    mechs: set[int] = set()
+    val = 0.0
+    sig = 0.0
+    for opts, k in zip(problem.options, pick, strict=True):
+        o = opts[k]
+        val += o.value
+        if o.cand.kind in (OptionKind.PLACE, OptionKind.SWAP):
+            sig += o.cand.sigma
+        edges.update(o.edges)
+        mechs.update(o.mechs)
+    expl = float(problem.u_edge[list(edges)].sum() if edges else 0.0) + problem.omega_m * float(
+        problem.u_mech[list(mechs)].sum() if mechs else 0.0)
+    return val + problem.beta * expl, sig + problem.beta * expl, expl
+
+
+def violations(problem: SelectionProblem, pick: Sequence[int]) -> list[str]:
+    """Which shared constraints a choice violates (empty: feasible)."""
+    use: dict[str, int] = defaultdict(int)
+    q: dict[tuple[str, str], int] = defaultdict(int)
+    swaps = 0
+    for opts, k in zip(problem.options, pick, strict=True):
+        o = opts[k]
+        for p, d in o.usage.items():
+            use[p] += d
+        for key, g in o.quota.items():
+            q[key] += g
+        swaps += o.is_swap
+    bad = [f"pool {p}: {use[p]} > {problem.pool_free.get(p, 0)}" for p in sorted(use)
+           if use[p] > problem.pool_free.get(p, 0)]
+    bad += [f"quota {k}: {q[k]} > {problem.quota_limit[k]}" for k in sorted(q) if q[k] > problem.quota_limit[k]]
+    if swaps > problem.swap_budget:
+        bad.append(f"swaps {swaps} > B={problem.swap_budget}")
+    return bad
+
+
+# ---- MILP ------------------------------------------------------------------------------------------------
+def solve_milp(problem: SelectionProblem, time_limit: float = 10.0, mip_rel_gap: float = 1e-4):
+    """The exact program with HiGHS. Returns (pick or None, scipy result, n_vars, n_constraints)."""
+    offs = np.cumsum([0] + [len(o) for o in problem.options])
+    nx = int(offs[-1])
+    edge_ids = sorted({e for opts in problem.options for o in opts for e in o.edges})
+    mech_ids = sorted({m for opts in problem.options for o in opts for m in o.mechs})
+    e_pos = {e: nx + i for i, e in enumerate(edge_ids)}
+    m_pos = {m: nx + len(edge_ids) + i for i, m in enumerate(mech_ids)}
+    nv = nx + len(edge_ids) + len(mech_ids)
+    c = np.zeros(nv)
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lb: list[float] = []
+    ub: list[float] = []
+    r = 0
+    pool_rows: dict[str, int] = {}
+    env_rows: dict[str, int] = {}
+    quota_rows: dict[tuple[str, str], int] = {}
+    swap_row = -1
+    for i, opts in enumerate(problem.options):
+        for k, o in enumerate(opts):
+            c[offs[i] + k] = -o.value
+            rows.append(r)
+            cols.append(int(offs[i] + k))
+            vals.append(1.0)
+        lb.append(1.0)
+        ub.append(1.0)
+        r += 1
+    for i, opts in enumerate(problem.options):
+        for k, o in enumerate(opts):
+            x = int(offs[i] + k)
+            for p, d in o.usage.items():
+                if p not in pool_rows:
+                    pool_rows[p] = r
+                    r += 1
+                    lb.append(-np.inf)
+                    ub.append(float(problem.pool_free.get(p, 0)))
+                rows.append(pool_rows[p])
+                cols.append(x)
+                vals.append(float(d))
+            for key, g in o.quota.items():
+                if key not in quota_rows:
+                    quota_rows[key] = r
+                    r += 1
+                    lb.append(-np.inf)
+                    ub.append(float(problem.quota_limit[key]))
+                rows.append(quota_rows[key])
+                cols.append(x)
+                vals.append(float(g))
+            if problem.env_caps:
+                per_env: dict[str, float] = defaultdict(float)
+                for rk in o.cand.ranks:
+                    if rk.env.env_id in problem.env_caps and o.cand.kind is not OptionKind.KEEP:
+                        per_env[rk.env.env_id] += rk.gpus
+                for env_id, g in per_env.items():
+                    if env_id not in env_rows:
+                        env_rows[env_id] = r
+                        r += 1
+                        lb.append(-np.inf)
+                        ub.append(float(problem.env_caps[env_id]))
+                    rows.append(env_rows[env_id])
+                    cols.append(x)
+                    vals.append(g)
+            if o.is_swap:
+                if swap_row < 0:
+                    swap_row = r
+                    r += 1
+                    lb.append(-np.inf)
+                    ub.append(float(problem.swap_budget))
+                rows.append(swap_row)
+                cols.append(x)
+                vals.append(1.0)
+    # Expl: y_e − Σ a_e x ≤ 0
+    cover_e: dict[int, list[int]] = defaultdict(list)
+    cover_m: dict[int, list[int]] = defaultdict(list)
+    for i, opts in enumerate(problem.options):
+        for k, o in enumerate(opts):
+            for e in o.edges:
+                cover_e[e].append(int(offs[i] + k))
+            for m in o.mechs:
+                cover_m[m].append(int(offs[i] + k))
+    for ids, pos, cover, u, w in ((edge_ids, e_pos, cover_e, problem.u_edge, 1.0),
+                                  (mech_ids, m_pos, cover_m, problem.u_mech, problem.omega_m)):
+        for e in ids:
+            c[pos[e]] = -problem.beta * w * float(u[e])
+            rows.append(r)
+            cols.append(pos[e])
+            vals.append(1.0)
+            for x in cover[e]:
+                rows.append(r)
+                cols.append(x)
+                vals.append(-1.0)
+            lb.append(-np.inf)
+            ub.append(0.0)
+            r += 1
+    A = sparse.csr_matrix((vals, (rows, cols)), shape=(r, nv))
+    integrality = np.zeros(nv)
+    integrality[:nx] = 1
+    res = milp(
+        c, integrality=integrality, bounds=Bounds(np.zeros(nv), np.ones(nv)),
+        constraints=LinearConstraint(A, np.array(lb), np.array(ub)),
+        options={"time_limit": float(time_limit), "mip_rel_gap": float(mip_rel_gap), "disp": False, "presolve": True},
+    )
+    if res.x is None:
+        return None, res, nv, r
+    pick = []
+    for i, opts in enumerate(problem.options):
+        xs = res.x[offs[i]: offs[i] + len(opts)]
+        pick.append(int(np.argmax(xs)))
+    return pick, res, nv, r
+
+
+# ---- greedy + local search --------------------------------------------------------------------------------
+class _State:
+    def __init__(self, problem: SelectionProblem, pick: list[int]) -> None:
+        self.p = problem
+        self.pick = list(pick)
+        self.use: dict[str, int] = defaultdict(int)
+        self.q: dict[tuple[str, str], int] = defaultdict(int)
+        self.swaps = 0
+        self.ecount: dict[int, int] = defaultdict(int)
+        self.mcount: dict[int, int] = defaultdict(int)
+        for i, k in enumerate(pick):
+            self._apply(problem.options[i][k], +1)
+
+    def _apply(self, o: Option, s: int) -> None:
+        for p, d in o.usage.items():
+            self.use[p] += s * d
+        for key, g in o.quota.items():
+            self.q[key] += s * g
+        self.swaps += s * o.is_swap
+        for e in o.edges:
+            self.ecount[e] += s
+        for m in o.mechs:
+            self.mcount[m] += s
+
+    def fits(self, i: int, k: int, extra_out: Option | None = None) -> bool:
+        """Would job i fit with option k (after releasing its current one and, optionally, another option)?"""
+        o_new = self.p.options[i][k]
+        o_old = self.p.options[i][self.pick[i]]
+        for p, d in o_new.usage.items():
+            cur = self.use[p] - o_old.usage.get(p, 0) - (extra_out.usage.get(p, 0) if extra_out else 0)
+            if cur + d > self.p.pool_free.get(p, 0) and d > 0:
+                return False
+        for key, g in o_new.quota.items():
+            cur = self.q[key] - o_old.quota.get(key, 0) - (extra_out.quota.get(key, 0) if extra_out else 0)
+            if cur + g > self.p.quota_limit[key] and g > 0:
+                return False
+        sw = self.swaps - o_old.is_swap - (extra_out.is_swap if extra_out else 0) + o_new.is_swap
+        return not (o_new.is_swap and sw > self.p.swap_budget)
+
+    def gain(self, i: int, k: int) -> float:
+        """Objective change of moving job i to option k (exact, incl. the Expl saturation)."""
+        o_new = self.p.options[i][k]
+        o_old = self.p.options[i][self.pick[i]]
+        d = o_new.value - o_old.value
+        b = self.p.beta
+        if b:
+            old_e, new_e = set(o_old.edges), set(o_new.edges)
+            for e in new_e - old_e:
+                if self.ecount[e] == 0:
+                    d += b * float(self.p.u_edge[e])
+            for e in old_e - new_e:
+                if self.ecount[e] == 1:
+                    d -= b * float(self.p.u_edge[e])
+            old_m, new_m = set(o_old.mechs), set(o_new.mechs)
+            w = self.p.omega_m
+            for m in new_m - old_m:
+                if self.mcount[m] == 0:
+                    d += b * w * float(self.p.u_mech[m])
+            for m in old_m - new_m:
+                if self.mcount[m] == 1:
+                    d -= b * w * float(self.p.u_mech[m])
+        return d
+
+    def move(self, i: int, k: int) -> None:
+        self._apply(self.p.options[i][self.pick[i]], -1)
+        self.pick[i] = k
+        self._apply(self.p.options[i][k], +1)
+
+
+def problem_scale(problem: SelectionProblem) -> float:
+    """A value spread larger than any option difference (the regret of a job with no alternative)."""
+    vals = [o.value for opts in problem.options for o in opts]
+    return (max(vals) - min(vals) + 1.0) if vals else 1.0
+
+
+def solve_greedy(problem: SelectionProblem, time_limit: float = 5.0, max_passes: int = 6) -> list[int]:
+    """Scarcity- and regret-ordered construction, then 1-opt moves and ejections (deterministic).
+
+    Order: jobs whose candidates use the fewest distinct pools choose first (they have nowhere
+    else to go), ties by regret — the best option's value minus the best option that does not
+    compete for the same pools (the one-H100 example: the online job has no such alternative,
+    the batch job has the A100).
+    """
+    t0 = time.perf_counter()
+    st = _State(problem, [0] * len(problem.options))
+    b = problem.beta
+
+    def static(o: Option) -> float:
+        e = float(problem.u_edge[list(o.edges)].sum()) if o.edges else 0.0
+        m = float(problem.u_mech[list(o.mechs)].sum()) if o.mechs else 0.0
+        return o.value + b * (e + problem.omega_m * m)
+
+    ranked = []
+    for i, opts in enumerate(problem.options):
+        order = sorted(range(len(opts)), key=lambda k: (-static(opts[k]), k))
+        best = static(opts[order[0]])
+        # regret against the best option that does not compete for the same pools as the best one
+        best_pools = {p for p, d in opts[order[0]].usage.items() if d > 0}
+        alt = [static(opts[k]) for k in order[1:] if not ({p for p, d in opts[k].usage.items() if d > 0} & best_pools)]
+        second = alt[0] if alt else best - problem_scale(problem)
+        pools = {p for o in opts[1:] for p, d in o.usage.items() if d > 0}
+        ranked.append((len(pools) if best > static(opts[0]) else 10**9, -(best - second), i, order))
+    # scarcity first: jobs whose ladders fit in few pools choose before flexible ones, then by regret
+    ranked.sort(key=lambda t: (t[0], t[1], t[2]))
+    for *_, i, order in ranked:
+        for k in order:
+            if k == st.pick[i]:
+                break
+            if st.fits(i, k):
+                st.move(i, k)
+                break
+
+    n = len(problem.options)
+    for _ in range(max_passes):
+        improved = False
+        for i in range(n):  # 1-opt
+            best_k, best_g = st.pick[i], 1e-12
+            for k in range(len(problem.options[i])):
+                if k != st.pick[i] and st.fits(i, k):
+                    g = st.gain(i, k)
+                    if g > best_g:
+                        best_k, best_g = k, g
+            if best_k != st.pick[i]:
+                st.move(i, best_k)
+                improved = True
+        if time.perf_counter() - t0 > time_limit:
+            break
+        improved |= _ejections(st, t0, time_limit)
+        if not improved or time.perf_counter() - t0 > time_limit:
+            break
+    return st.pick
+
+
+def _ejections(st: _State, t0: float, time_limit: float, top_i: int = 3, max_holders: int = 64) -> bool:
+    """Job i wants a better option that capacity blocks: move the jobs holding the blocked pools to their
+    best alternatives (as many as needed, least loss first) and keep the moves if the total gains."""
+    p = st.p
+    improved = False
+    for i in range(len(p.options)):
+        if time.perf_counter() - t0 > time_limit:
+            break
+        cur = st.pick[i]
+        better = sorted((k for k in range(len(p.options[i])) if k != cur and p.options[i][k].value > p.options[i][cur].value),
+                        key=lambda k: (-p.options[i][k].value, k))[:top_i]
+        for k in better:
+            if st.fits(i, k):
+                continue
+            want = p.options[i][k]
+            if want.is_swap and st.swaps - p.options[i][cur].is_swap + 1 > p.swap_budget:
+                continue
+            blocked = {q for q, d in want.usage.items() if d > 0}
+            holders = sorted({j for j in range(len(p.options)) if j != i
+                              and any(p.options[j][st.pick[j]].usage.get(q, 0) > 0 for q in blocked)})[:max_holders]
+            undo: list[tuple[int, int]] = []
+            gain = 0.0
+            for j in holders:
+                if st.fits(i, k):
+                    break
+                held = p.options[j][st.pick[j]]
+                alts = []
+                for a in range(len(p.options[j])):
+                    if a == st.pick[j]:
+                        continue
+                    oa = p.options[j][a]
+                    if all(oa.usage.get(q, 0) < held.usage.get(q, 0) for q in blocked if held.usage.get(q, 0) > 0) \
+                            and st.fits(j, a):
+                        alts.append((-st.gain(j, a), a))
+                if not alts:
+                    continue
+                g, a = min(alts)
+                undo.append((j, st.pick[j]))
+                gain += -g
+                st.move(j, a)
+            if st.fits(i, k) and gain + st.gain(i, k) > 1e-12:
+                st.move(i, k)
+                improved = True
+                break
+            for j, prev in reversed(undo):
+                st.move(j, prev)
+    return improved
+
+
+# ---- the entry point ----------------------------------------------------------------------------------------
+def select(
+    problem: SelectionProblem,
+    *,
+    time_limit: float = 10.0,
+    mip_rel_gap: float = 1e-4,
+    use_milp: bool = True,
+    greedy_time_limit: float | None = None,
+) -> SelectionResult:
+    t0 = time.perf_counter()
+    pick_m = None
+    res = None
+    nv = nc = 0
+    if use_milp:
+        try:
+            pick_m, res, nv, nc = solve_milp(problem, time_limit=time_limit, mip_rel_gap=mip_rel_gap)
+        except Exception as exc:  # HiGHS failure: fall back, never abort the tick
+            log.warning("milp_failed", error=str(exc))
+            pick_m = None
+    if pick_m is not None and violations(problem, pick_m):
+        log.warning("milp_solution_infeasible", violations=violations(problem, pick_m)[:5])
+        pick_m = None
+    obj_m = evaluate(problem, pick_m)[0] if pick_m is not None else None
+    proven = pick_m is not None and res is not None and res.status == 0
+    pick_g = None
+    obj_g = None
+    if not proven:  # no solution, or stopped by the time limit: the heuristic may do better
+        gl = greedy_time_limit if greedy_time_limit is not None else max(1.0, 0.25 * time_limit)
+        pick_g = solve_greedy(problem, time_limit=gl)
+        obj_g = evaluate(problem, pick_g)[0]
+    bound = gap = None
+    if res is not None and pick_m is not None:
+        bound = -float(res.mip_dual_bound) if getattr(res, "mip_dual_bound", None) is not None else None
+    if pick_m is not None and (obj_g is None or obj_m >= obj_g - 1e-9):  # type: ignore[operator]
+        pick, solver = pick_m, "milp"
+        status = "optimal" if res is not None and res.status == 0 else "time_limit"
+        gap = float(res.mip_gap) if res is not None and getattr(res, "mip_gap", None) is not None else None
+    elif pick_m is not None:
+        pick, solver, status = pick_g, "greedy", "greedy_beat_milp"  # type: ignore[assignment]
+    else:
+        pick, solver, status = pick_g, "greedy", "fallback" if use_milp else "greedy"  # type: ignore[assignment]
+    obj, phi, expl = evaluate(problem, pick)
+    if bound is not None and solver == "greedy":
+        gap = abs(bound - obj) / max(abs(obj), 1e-9)
+    choice = {jid: problem.options[i][k].cand for i, (jid, k) in enumerate(zip(problem.job_ids, pick, strict=True))}
+    return SelectionResult(
+        choice=choice, objective=obj, phi=phi, expl=expl, bound=bound, gap=gap, status=status, solver=solver,
+        seconds=time.perf_counter() - t0, n_vars=nv, n_constraints=nc, milp_objective=obj_m, greedy_objective=obj_g,
+    )
+
+
+def active_swaps(choice: Mapping[str, Candidate], jobs: Mapping[str, JobCandidates]) -> int:
+    return sum(1 for jid, c in choice.items() if c.kind is OptionKind.SWAP
+               and jobs[jid].state.status is JobStatus.ACTIVE)

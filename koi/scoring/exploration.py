@@ -1,0 +1,222 @@
+"""Exploration: EIG per candidate and the saturating Expl(P) per plan (whitepaper,
+"Exploration: Expected Information Gain"; overview §2.4).
+
+    EIG(L)  = Σ_e a_e(L) U(α_e, β_e) + ω_m Σ_m a_m(L) U(α_m, β_m)
+    Expl(P) = Σ_e A_e(P) U_e + ω_m Σ_m A_m(P) U_m,   A_e(P) = 1 − Π_i (1 − a_e(L_i))
+
+An edge tested by several ranks of a plan counts once (saturation).
+
+The masks a_e, a_m ("eligibility gates"): a ladder exercises mechanism m when m's
+scope applies to at least one of its ranks (:func:`koi.causal.mechanisms.applies` on
+:func:`koi.causal.features.rank_features`) and m has a *testable* X→V→Y path — a path
+whose mediator V is observable (not ``deferred`` in :mod:`koi.variables`). It
+exercises edge e when e lies on a testable path of a mechanism it exercises. Edges
+that belong to no applicable mechanism are not counted: nothing in the plan states a
+hypothesis that would test them, and S2 only tests applicable mechanisms.
+
+Choice: the spec's "enough samples exist" gate is not applied at planning time — a
+ladder that runs for a tick produces its sub-tick samples; S2's ICP power gate decides
+later whether they were enough.
+
+Choice: keep and defer exercise nothing (they contribute 0 to Φ in the spec, "The
+Cluster Objective"); only ladder-bearing actions count toward Expl(P).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from koi import variables
+from koi.variables import Kind
+
+Features = Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class MechanismView:
+    """What exploration needs of a mechanism: its edges, its Beta state and its scope test."""
+
+    mechanism_id: str
+    edge_ids: tuple[str, ...]
+    alpha: float
+    beta: float
+    applies: Callable[[Features], bool]
+
+
+def uncertainty(alpha: np.ndarray | float, beta: np.ndarray | float) -> np.ndarray:
+    """U(α, β) = 12αβ/((α+β)²(α+β+1)); U(1, 1) = 1."""
+    a = np.asarray(alpha, dtype=float)
+    b = np.asarray(beta, dtype=float)
+    n = a + b
+    return 12.0 * a * b / (n * n * (n + 1.0))
+
+
+def testable_edges(edge_ids: Iterable[str]) -> tuple[str, ...]:
+    """The edges of ``edge_ids`` lying on an X→V→Y path (inside the set) through an observable V."""
+    ids = sorted(set(edge_ids))
+    into: dict[str, list[str]] = {}
+    out_of: dict[str, list[str]] = {}
+    for e in ids:
+        src, dst = variables.split_edge_id(e)
+        if variables.kind_of(dst) is Kind.V and variables.kind_of(src) is Kind.X:
+            into.setdefault(dst, []).append(e)
+        elif variables.kind_of(src) is Kind.V and variables.kind_of(dst) is Kind.Y:
+            out_of.setdefault(src, []).append(e)
+    keep: set[str] = set()
+    for v in set(into) & set(out_of):
+        if variables.VARIABLES[v].deferred:
+            continue
+        keep.update(into[v])
+        keep.update(out_of[v])
+    return tuple(sorted(keep))
+
+
+def saturate(a: np.ndarray) -> np.ndarray:
+    """A(P) = 1 − Π_i (1 − a_i) along axis 0 (rows are the plan's ladders)."""
+    a = np.asarray(a, dtype=float)
+    if a.ndim == 1 or a.shape[0] == 0:
+        return np.clip(a if a.ndim == 1 else np.zeros(a.shape[1:]), 0.0, 1.0)
+    return 1.0 - np.prod(1.0 - np.clip(a, 0.0, 1.0), axis=0)
+
+
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """The edges and mechanisms one ladder exercises (indices into an :class:`ExplorationModel`)."""
+
+    edges: frozenset[int] = frozenset()
+    mechanisms: frozenset[int] = frozenset()
+
+    def union(self, other: Activation) -> Activation:
+        return Activation(self.edges | other.edges, self.mechanisms | other.mechanisms)
+
+
+EMPTY = Activation()
+
+
+@dataclass
+class ExplorationModel:
+    """Edges and mechanisms indexed once per tick, with U precomputed.
+
+    ``edge_beliefs`` maps edge id → (α, β); edges of a mechanism missing from it count at
+    U(1, 1) = 1 (an edge nobody has seeded is maximally uncertain).
+    """
+
+    edge_beliefs: Mapping[str, tuple[float, float]]
+    mechanisms: Sequence[MechanismView]
+    omega_m: float = 1.0
+    edge_ids: tuple[str, ...] = field(init=False)
+    mechanism_ids: tuple[str, ...] = field(init=False)
+    u_edge: np.ndarray = field(init=False)
+    u_mech: np.ndarray = field(init=False)
+    _mech_edges: list[frozenset[int]] = field(init=False)
+    _testable: list[bool] = field(init=False)
+    _cache: dict[tuple, Activation] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        mechs = sorted(self.mechanisms, key=lambda m: m.mechanism_id)
+        self.mechanisms = mechs
+        self.mechanism_ids = tuple(m.mechanism_id for m in mechs)
+        testable = {m.mechanism_id: testable_edges(m.edge_ids) for m in mechs}
+        ids = sorted(set(self.edge_beliefs) | {e for t in testable.values() for e in t})
+        self.edge_ids = tuple(ids)
+        pos = {e: i for i, e in enumerate(ids)}
+        ab = np.array([self.edge_beliefs.get(e, (1.0, 1.0)) for e in ids], dtype=float).reshape(-1, 2)
+        self.u_edge = uncertainty(ab[:, 0], ab[:, 1]) if len(ids) else np.zeros(0)
+        self.u_mech = uncertainty(np.array([m.alpha for m in mechs]), np.array([m.beta for m in mechs]))
+        self._mech_edges = [frozenset(pos[e] for e in testable[m.mechanism_id]) for m in mechs]
+        self._testable = [bool(testable[m.mechanism_id]) for m in mechs]
+        self._cache = {}
+
+    @classmethod
+    def empty(cls) -> ExplorationModel:
+        return cls(edge_beliefs={}, mechanisms=())
+
+    # ---- masks -----------------------------------------------------------------------------
+    def applicable(self, features: Features, key: tuple | None = None) -> Activation:
+        """The activation of one rank with this feature context (cached on ``key`` when given)."""
+        if key is not None:
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+        edges: set[int] = set()
+        mechs: set[int] = set()
+        for i, m in enumerate(self.mechanisms):
+            if self._testable[i] and m.applies(features):
+                mechs.add(i)
+                edges.update(self._mech_edges[i])
+        act = Activation(frozenset(edges), frozenset(mechs))
+        if key is not None:
+            self._cache[key] = act
+        return act
+
+    # ---- values ----------------------------------------------------------------------------
+    def eig(self, act: Activation) -> float:
+        """EIG of one ladder (its own activation, no saturation against others)."""
+        e = sum(float(self.u_edge[i]) for i in act.edges)
+        m = sum(float(self.u_mech[i]) for i in act.mechanisms)
+        return e + self.omega_m * m
+
+    def expl(self, acts: Iterable[Activation]) -> float:
+        """Expl(P) with binary masks: the saturation 1 − Π(1 − a) is the union."""
+        edges: set[int] = set()
+        mechs: set[int] = set()
+        for a in acts:
+            edges |= a.edges
+            mechs |= a.mechanisms
+        return float(self.u_edge[list(edges)].sum() if edges else 0.0) + self.omega_m * float(
+            self.u_mech[list(mechs)].sum() if mechs else 0.0
+        )
+
+    def best_mechanism(self, act: Activation, confidence: bool = True) -> str | None:
+        """The applicable mechanism an action names as its hypothesis.
+
+        Choice: the highest confidence c = α/(α+β), ties by higher U then id. The
+        mechanism_id is the plan's stated reason why the ladder should perform; S2 tests
+        *every* applicable mechanism anyway (one EvidenceRow, N Beta updates), so the label
+        does not change what is learned and the best-supported story is the honest one.
+        """
+        if not act.mechanisms:
+            return None
+
+        def key(i: int) -> tuple[float, float, str]:
+            m = self.mechanisms[i]
+            c = m.alpha / (m.alpha + m.beta)
+            return (-c if confidence else -float(self.u_mech[i]), -float(self.u_mech[i]), m.mechanism_id)
+
+        return self.mechanisms[min(act.mechanisms, key=key)].mechanism_id
+
+
+def views_from_causal(mechanisms: Mapping[str, object], beliefs: object | None = None) -> list[MechanismView]:
+    """Adapter: :class:`koi.causal.mechanisms.Mechanism` objects (+ an optional BeliefState
+    or mapping id → Belief/(α, β)) as :class:`MechanismView`."""
+    from koi.causal.mechanisms import applies
+
+    mb: Mapping[str, object] = {}
+    if beliefs is not None:
+        mb = getattr(beliefs, "mechanisms", beliefs)  # type: ignore[assignment]
+    out: list[MechanismView] = []
+    for mid in sorted(mechanisms):
+        m = mechanisms[mid]
+        if not getattr(m, "is_active", True):
+            continue
+        b = mb.get(mid, getattr(m, "prior", None))
+        a, bb = _ab(b)
+        out.append(MechanismView(mid, tuple(m.edge_ids), a, bb, (lambda f, _m=m: applies(_m, f))))  # type: ignore[attr-defined]
+    return out
+
+
+def edge_beliefs_from(beliefs: object) -> dict[str, tuple[float, float]]:
+    """Adapter: a BeliefState, or a mapping id → Belief/(α, β), as id → (α, β)."""
+    eb = getattr(beliefs, "edges", beliefs)
+    return {k: _ab(v) for k, v in dict(eb).items()}  # type: ignore[arg-type]
+
+
+def _ab(b: object) -> tuple[float, float]:
+    if b is None:
+        return (1.0, 1.0)
+    if isinstance(b, tuple | list):
+        return (float(b[0]), float(b[1]))
+    return (float(b.alpha), float(b.beta))  # type: ignore[attr-defined]

@@ -1,0 +1,128 @@
+"""The knobs scoring and selection read, with documented cold-start defaults.
+
+Most of them are the slow loop's output (whitepaper, "The Slow Loop"; Appendix A/B):
+β_t (exploration), B_t (swap budget), λ_t (churn price), ε_t (DRO radius), w per class,
+z*. γ is fixed at 1.0 and ρ at 1e-3 (Appendix B). The rest are planner constants that
+the spec leaves open; each is a choice written down here.
+
+Cold-start defaults (before the slow loop has written a state):
+- β = 0.05: a fresh edge (U = 1) adds 0.05 to Φ, about the J gap between two
+  reasonable candidates of one job, so exploration breaks near-ties but never buys a
+  clearly worse ladder. The slow loop moves it inside [β_min, β_max].
+- B = 10 (B_max): early on regret is high and the slow loop's step gate sits at B_max.
+- λ = 0.1: with SwitchCost ≈ 1 for a typical swap (see :mod:`koi.scoring.switching`),
+  a swap must improve its job's σ by ≈ 0.1 (a tenth of the J range) to pay.
+- ε = 0.15 (Appendix B, "init 0.15").
+- τ = 0.2: C3 drops a candidate whose DRO breach probability exceeds 20%. With the
+  cold band (±ε·ŷ) this admits a latency prediction up to ≈ 90% of its target; a tighter
+  τ would reject every chain whose uncertainty band touches the target at cold start.
+- ω_m = 1.0: a mechanism's uncertainty counts like one edge's. A mechanism has several
+  edges, so its own term is a fraction of what its edges add; it still rewards testing a
+  scope whose edges are individually well known (overview §2.4).
+- unserved_weight W = 10: a pending job left deferred costs W·priority·(unserved share).
+  J is bounded below by −(1+5ρ)·G_MAX = −5.005 (gaps are clipped, see
+  :mod:`koi.scoring.tchebycheff`), so any feasible ladder of a priority-1 job beats
+  deferring it, and one priority step outweighs any difference in J: this is what hands
+  scarce capacity to the job that has no alternative (whitepaper, "Why a Predictor Alone
+  Is Not a Cluster Scheduler"). Priority 0 ("best effort") still weighs 0.25, so such a
+  job is admitted when capacity is free (C6) but yields to every other job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from koi.domain.common import JobClass, KoiModel
+from koi.domain.job import BATCH_WEIGHTS, ONLINE_WEIGHTS, ObjectiveWeights
+from koi.variables import OBJECTIVES
+
+RHO_AUG = 1e-3
+GAMMA_SLO = 1.0
+UTILIZATION_CAP = 0.8
+PRIORITY_FLOOR = 0.25
+
+
+class PlanningKnobs(KoiModel):
+    """Everything scoring, sizing and selection read that is not a prediction."""
+
+    beta: float = Field(default=0.05, ge=0, description="β_t, exploration incentive")
+    swap_budget: int = Field(default=10, ge=0, description="B_t, active jobs allowed to change ladder (C4)")
+    lam: float = Field(default=0.1, ge=0, description="λ_t, churn price")
+    eps: float = Field(default=0.15, ge=0, description="ε_t, DRO (Wasserstein) radius")
+    gamma: float = Field(default=GAMMA_SLO, ge=0, description="γ, SLO-risk weight (fixed)")
+    tau: float = Field(default=0.2, gt=0, le=1, description="τ, C3 breach-probability threshold")
+    rho: float = Field(default=RHO_AUG, ge=0, description="ρ, Tchebycheff augmentation")
+    omega_m: float = Field(default=1.0, ge=0, description="ω_m, mechanism weight in Expl")
+    q: float = Field(default=0.95, gt=0.5, lt=1, description="DRO band quantile")
+    unserved_weight: float = Field(default=10.0, ge=0, description="W, unserved-demand penalty per priority unit")
+    utilization_cap: float = Field(default=UTILIZATION_CAP, gt=0, le=1, description="online per-replica cap")
+    class_weights: dict[JobClass, ObjectiveWeights] = Field(
+        default_factory=lambda: {JobClass.ONLINE: ONLINE_WEIGHTS, JobClass.BATCH: BATCH_WEIGHTS}
+    )
+
+    def weights_for(self, job_class: JobClass, override: ObjectiveWeights | None = None) -> ObjectiveWeights:
+        """A job's own weights win; else the slow loop's class weights; else the spec's."""
+        if override is not None:
+            return override
+        w = self.class_weights.get(job_class)
+        if w is not None:
+            return w
+        return ONLINE_WEIGHTS if job_class is JobClass.ONLINE else BATCH_WEIGHTS
+
+    @staticmethod
+    def priority_weight(priority: float) -> float:
+        return max(float(priority), PRIORITY_FLOOR)
+
+    @classmethod
+    def from_slow_state(cls, state: Any, **overrides: Any) -> PlanningKnobs:
+        """Read β, B, λ, ε, γ and class weights from a slow-state object or mapping.
+
+        Duck-typed on purpose: the calibration package owns SlowState; we read the
+        spec's names (``beta``, ``swap_budget``/``B``, ``lam``/``lambda_swit``, ``eps``/
+        ``epsilon``, ``gamma``, ``weights``/``w``) and leave missing ones at the
+        cold-start defaults above.
+        """
+        if state is None:
+            return cls(**overrides)
+        get = (lambda k: state.get(k)) if isinstance(state, Mapping) else (lambda k: getattr(state, k, None))
+
+        def first(*names: str) -> Any:
+            for n in names:
+                v = get(n)
+                if v is not None:
+                    return v
+            return None
+
+        data: dict[str, Any] = {}
+        for key, names in {
+            "beta": ("beta", "beta_t"),
+            "swap_budget": ("swap_budget", "B", "B_t", "budget"),
+            "lam": ("lam", "lambda_swit", "lambda_t", "lam_t"),
+            "eps": ("eps", "epsilon", "eps_t", "epsilon_t"),
+            "gamma": ("gamma",),
+        }.items():
+            v = first(*names)
+            if v is not None:
+                data[key] = int(round(float(v))) if key == "swap_budget" else float(v)
+        w = first("weights", "w", "class_weights")
+        if isinstance(w, Mapping):
+            cw: dict[JobClass, ObjectiveWeights] = {}
+            for k, v in w.items():
+                try:
+                    jc = JobClass(getattr(k, "value", k))
+                except ValueError:
+                    continue
+                if isinstance(v, ObjectiveWeights):
+                    cw[jc] = v
+                    continue
+                vals = {kk: float(vv) for kk, vv in v.items()} if isinstance(v, Mapping) else dict(
+                    zip(OBJECTIVES, (float(x) for x in v), strict=True))
+                total = sum(vals.values())  # renormalise: mirror-descent round-off must not fail the simplex check
+                cw[jc] = ObjectiveWeights(**{kk: vv / total for kk, vv in vals.items()})
+            if cw:
+                data["class_weights"] = {**cls().class_weights, **cw}
+        data.update(overrides)
+        return cls(**data)

@@ -1,0 +1,175 @@
+"""Candidates and ladder sizing (overview §2.6; whitepaper, "The Agentic Planner": size_ladder)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from koi.domain.chain import ChainConfig, Ladder, Rank
+from koi.domain.common import DType
+from koi.planning.budget import build_budget_book
+from koi.planning.candidates import (
+    CandidateGenerator,
+    OptionKind,
+    batch_curve,
+    chain_configs,
+    demand_tps,
+    generate,
+    size_online,
+)
+from koi.planning.context import PlanningContext
+from koi.planning.predictor import AnalyticPredictor, FixedPredictor, FixedRow
+from koi.planning.synthetic import batch_job, online_job, pool, snapshot, with_running
+
+
+def test_size_online_and_the_batch_curve() -> None:
+    assert size_online(10.0, 3.0) == 4 and size_online(9.0, 3.0) == 3 and size_online(1.0, 0.0) == 0
+    # 1,000 tok/s needed, 300 per replica: 1,150 with slack → 4 replicas; the fast point doubles the rate
+    assert batch_curve(1000.0, 300.0, 0.15, 2.0) == [4, 8]
+    assert batch_curve(1000.0, 0.0, 0.15, 2.0) == []
+
+
+def test_batch_demand_is_remaining_tokens_over_time_left() -> None:
+    from koi.domain.job import JobState
+
+    js = JobState(job=batch_job("b", "llama-3.1-8b", 10_000, 3600, osl=100), completed_requests=4_000)
+    assert demand_tps(js, now=0.0, tick_s=300) == pytest.approx(6000 * 100 / 3600)
+    assert demand_tps(js, now=600.0, tick_s=300, startup_s=100) == pytest.approx(6000 * 100 / 2900)
+    assert demand_tps(js, now=3500.0, tick_s=300) == pytest.approx(6000 * 100 / 300)  # late: within a tick
+
+
+def test_chain_configs_are_bounded_and_deterministic() -> None:
+    from koi import catalog
+
+    ctx = PlanningContext()
+    m = catalog.model("llama-3.1-70b")
+    a = chain_configs(m, "p5.48xlarge", 8, True, __import__("koi").domain.JobClass.ONLINE, ctx, 64)
+    b = chain_configs(m, "p5.48xlarge", 8, True, __import__("koi").domain.JobClass.ONLINE, ctx, 64)
+    assert a == b and len(a) == len(set(a))
+    assert all(c.tp <= 8 and c.gpus <= 16 for c in a)
+    assert {(c.weight_dtype, c.kv_cache_dtype) for c in a} == {(DType.BF16, DType.BF16), (DType.FP8, DType.FP8)}
+    from koi.planning.context import EnumerationParams
+
+    mixed = chain_configs(m, "p5.48xlarge", 8, True, __import__("koi").domain.JobClass.ONLINE,
+                          PlanningContext(enum=EnumerationParams(fp8_mixed_kv=True)), 64)
+    assert (DType.FP8, DType.BF16) in {(c.weight_dtype, c.kv_cache_dtype) for c in mixed}
+    no_fp8 = chain_configs(m, "p4de.24xlarge", 8, False, __import__("koi").domain.JobClass.BATCH, ctx, 64)
+    assert {c.weight_dtype for c in no_fp8} == {DType.BF16}
+    for c in a:  # each validates as a real ChainConfig
+        ChainConfig.model_validate(c.model_dump())
+
+
+def _ctx():
+    return PlanningContext(predictor=AnalyticPredictor())
+
+
+def test_online_candidates_meet_targets_under_the_cap() -> None:
+    snap = snapshot([online_job("o", "llama-3.1-8b", 20.0, 1500, 40)],
+                    [pool("aws", "p5.48xlarge", "us-east-1", total=4), pool("aws", "p4de.24xlarge", "us-east-1", total=4)])
+    jc = generate(snap, _ctx())["o"]
+    assert jc.candidates and jc.defer is not None and jc.keep is None
+    for c in jc.candidates:
+        assert c.kind is OptionKind.PLACE
+        assert c.p_brk <= 0.2  # C3
+        assert c.capacity_tps >= jc.demand_tps - 1e-9  # offered load ≤ cap·capacity
+        assert c.y[2] <= 40.0 and c.y[1] <= 1500.0
+    # sorted by σ, ids unique and stable
+    sig = [c.sigma for c in jc.candidates]
+    assert sig == sorted(sig, reverse=True)
+    assert len({c.cand_id for c in jc.candidates}) == len(jc.candidates)
+    jc2 = generate(snap, _ctx())["o"]
+    assert [c.cand_id for c in jc2.candidates] == [c.cand_id for c in jc.candidates]
+
+
+def test_chains_that_cannot_meet_the_target_are_rejected() -> None:
+    snap = snapshot([online_job("o", "llama-3.1-70b", 2.0, 2000, 8.0)],  # an 8 ms TPOT: impossible
+                    [pool("aws", "p4de.24xlarge", "us-east-1", total=4)])
+    jc = generate(snap, _ctx())["o"]
+    assert jc.candidates == [] and jc.infeasible_reasons
+
+
+def test_batch_offers_points_on_the_deadline_curve() -> None:
+    rows = {("qwen3-8b", "H100"): FixedRow(sat_tps=1000, ttft_ms=500, tpot_ms=50, min_gpus=8)}
+    # 1,000 req × 360 tok in 1 h = 100 tok/s; with a 5 min cold start and 15% slack: 1 replica; fast: 2
+    snap = snapshot([batch_job("b", "qwen3-8b", 10_000, 3600, osl=360)], [pool("aws", "p5.48xlarge", "us-east-1", total=8)])
+    jc = generate(snap, PlanningContext(predictor=FixedPredictor(rows)))["b"]
+    ns = sorted({c.ranks[0].n for c in jc.all_scored})
+    need = jc.demand_tps
+    assert ns[0] == math.ceil(need * 1.15 / 1000 - 1e-9) or ns[0] >= 1
+    assert len(ns) >= 2 and ns[1] > ns[0]
+    fast = [c for c in jc.all_scored if c.ranks[0].n == ns[1]]
+    assert all(c.served_tps > need for c in fast)
+
+
+def test_heterogeneous_ladder_when_the_best_pool_is_short() -> None:
+    rows = {("llama-3.1-8b", "H100"): FixedRow(sat_tps=1000, ttft_ms=100, tpot_ms=10, min_gpus=8),
+            ("llama-3.1-8b", "A100-80GB"): FixedRow(sat_tps=700, ttft_ms=150, tpot_ms=15, min_gpus=8)}
+    # demand 2,400 tok/s: 3 H100 replicas (800 each at the cap) — but only 2 H100 nodes are free
+    snap = snapshot([online_job("o", "llama-3.1-8b", 2400 / 256, 1000, 30)],
+                    [pool("aws", "p5.48xlarge", "us-east-1", total=2), pool("aws", "p4de.24xlarge", "us-east-1", total=4)])
+    jc = generate(snap, PlanningContext(predictor=FixedPredictor(rows)))["o"]
+    split = [c for c in jc.candidates if len(c.ranks) >= 2]
+    assert split, "expected a ladder across both pools"
+    c = split[0]
+    by = {r.env.gpu_type: r.n for r in c.ranks}
+    assert by["H100"] == 2 and by["A100-80GB"] >= 1
+    assert c.capacity_tps >= jc.demand_tps and c.p_brk <= 0.2
+
+
+def test_keep_option_and_swaps_for_an_active_job() -> None:
+    p = pool("aws", "p5.48xlarge", "us-east-1", total=4)
+    snap = snapshot([online_job("o", "llama-3.1-8b", 5.0, 1500, 40)], [p])
+    running = Ladder(ranks=[Rank(env=p.env, config=ChainConfig(instance_type="p5.48xlarge", tp=8), n_replicas=3)])
+    snap = with_running(snap, {"o": running})
+    jc = generate(snap, _ctx())["o"]
+    assert jc.keep is not None and jc.defer is None and jc.keep.kind is OptionKind.KEEP
+    assert jc.keep.switch == 0.0 and jc.keep.capacity_tps > 0
+    assert all(c.kind is OptionKind.SWAP and c.switch > 0 for c in jc.candidates)
+
+
+def test_late_batch_job_waives_c3() -> None:
+    rows = {("qwen3-8b", "H100"): FixedRow(sat_tps=100, ttft_ms=500, tpot_ms=50, min_gpus=8)}
+    # 100k × 256 tokens in 10 min on one node of 100 tok/s: hopeless
+    snap = snapshot([batch_job("b", "qwen3-8b", 100_000, 600)], [pool("aws", "p5.48xlarge", "us-east-1", total=1)])
+    jc = generate(snap, PlanningContext(predictor=FixedPredictor(rows)))["b"]
+    assert jc.late and jc.candidates and all(c.late and c.p_brk > 0.2 for c in jc.candidates)
+
+
+def test_slice_bounds_the_ladder() -> None:
+    snap = snapshot([online_job("o", "llama-3.1-8b", 200.0, 1500, 40)], [pool("aws", "p5.48xlarge", "us-east-1", total=10)])
+    book = build_budget_book(snap)
+    book.slices["o"] = book.slices["o"].model_copy(update={"max_gpus": 16})
+    jc = CandidateGenerator(snap, _ctx()).for_job(snap.job("o"), book.slice("o"))
+    assert all(c.gpus <= 16 for c in jc.all_scored)
+
+
+def test_evaluate_ladder_outcomes_are_consistent() -> None:
+    from koi import outcomes
+    from koi.planning.candidates import evaluate_ladders
+
+    p = pool("aws", "p5.48xlarge", "us-east-1", total=4)
+    snap = snapshot([online_job("o", "llama-3.1-8b", 5.0, 1500, 40)], [p])
+    gen = CandidateGenerator(snap, _ctx())
+    js = snap.job("o")
+    lad = Ladder(ranks=[Rank(env=p.env, config=ChainConfig(instance_type="p5.48xlarge", tp=4), n_replicas=2)])
+    ev = evaluate_ladders(js, [gen.ladder_specs(js, lad)], gen.ctx, 0.0)
+    y = ev.y[0]
+    assert y[3] == pytest.approx(5.0 * 256)  # served = offered
+    assert y[0] == pytest.approx(float(outcomes.cost_per_token(55.04, y[3])))  # 2 TP4 replicas pack one node
+    assert y[4] == pytest.approx(float(outcomes.online_slo_margin(y[1], y[2], 1500, 40)))
+    assert np.isfinite(ev.p_brk[0])
+
+
+def test_residual_history_moves_the_breach_probability() -> None:
+    """Residuals that say the surrogate under-predicts TPOT by ~40% make near-target ladders breach."""
+    snap = snapshot([online_job("o", "llama-3.1-8b", 20.0, 1500, 40)], [pool("aws", "p4de.24xlarge", "us-east-1", total=8)])
+    cold = generate(snap, PlanningContext(predictor=AnalyticPredictor()))["o"]
+    rng = np.random.default_rng(0)
+    hot = AnalyticPredictor(residual_table={"p99_tpot_ms": list(0.4 + 0.05 * rng.standard_normal(50))})
+    warm = generate(snap, PlanningContext(predictor=hot))["o"]
+    by_key = {c.cand_id: c for c in warm.all_scored}
+    worse = [by_key[c.cand_id].p_brk - c.p_brk for c in cold.all_scored if c.cand_id in by_key]
+    assert worse and min(worse) >= -1e-12 and max(worse) > 0.2
+    assert all(c.y[2] * 1.4 <= 40 * 1.1 for c in warm.candidates)  # survivors keep room for the bias
