@@ -1,0 +1,198 @@
+"""Reading what the model wrote: code blocks, a ``FINAL_VAR(name)`` line, and the plan JSON.
+
+Reply format (RLM style, model-agnostic: no native tool calling, no JSON mode):
+
+- every fenced block tagged ``python``, ``py``, ``repl`` or untagged is code for the
+  REPL, run in order (the turn stops at the first block that fails, so a later block
+  never runs on the debris of an earlier one);
+- a plan is committed by *calling* ``FINAL_VAR(plan)`` inside code. A line
+  ``FINAL_VAR(name)`` on its own in the reply text, outside any block, also commits: the
+  parent asks the REPL for the variable ``name`` after the turn's code ran. Text the
+  code *prints* is never parsed, so printing ``FINAL_VAR(...)`` or a fake protocol line
+  commits nothing;
+- a fenced ``json`` block holding an object with ``"actions"`` is taken as a plan
+  written out directly (weak models often do this); it goes through the same parsing,
+  shape check and validation as any other plan.
+
+:func:`parse_plan` turns committed JSON into a domain :class:`~koi.domain.Plan` and
+shape-checks it against the snapshot: known job ids, one action per job, ladders where
+the action type needs one. It reports every problem at once (the repair prompt shows
+them all); it does not judge capacity, feasibility or risk — that is validation's job
+(C0–C7).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from koi.domain import Action, ActionType, ClusterSnapshot, Issuer, Plan
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_FINAL_LINE = re.compile(r"^[ \t]*FINAL_VAR\(\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?\s*\)[ \t]*$", re.MULTILINE)
+CODE_TAGS = frozenset({"", "python", "py", "python3", "repl"})
+
+#: Largest plan (characters of JSON) the parser reads.
+MAX_PLAN_CHARS = 1 << 20
+MAX_ACTIONS = 2000
+
+
+@dataclass
+class ParsedReply:
+    code_blocks: list[str] = field(default_factory=list)
+    final_var: str | None = None  # a FINAL_VAR(name) line in the text
+    json_plans: list[str] = field(default_factory=list)  # ```json blocks with "actions"
+
+    @property
+    def empty(self) -> bool:
+        return not self.code_blocks and self.final_var is None and not self.json_plans
+
+
+def parse_reply(text: str) -> ParsedReply:
+    out = ParsedReply()
+    outside: list[str] = []
+    pos = 0
+    for m in _FENCE.finditer(text):
+        outside.append(text[pos:m.start()])
+        pos = m.end()
+        tag, body = m.group(1).strip().lower(), m.group(2)
+        if tag in CODE_TAGS:
+            if body.strip():
+                out.code_blocks.append(body)
+        elif tag == "json" and '"actions"' in body:
+            out.json_plans.append(body)
+    outside.append(text[pos:])
+    # An unterminated fence (a reply cut at max_tokens): take the rest as code.
+    rest = "".join(outside)
+    if not out.code_blocks and rest.count("```") == 1:
+        head, _, tail = rest.partition("```")
+        first, _, body = tail.partition("\n")
+        if first.strip().lower() in CODE_TAGS and body.strip():
+            out.code_blocks.append(body)
+            rest = head
+    finals = _FINAL_LINE.findall(rest)
+    if finals:
+        out.final_var = finals[-1]
+    return out
+
+
+class PlanParseError(ValueError):
+    """The committed value is not a well-formed plan; ``problems`` lists each reason."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems[:8]) + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else ""))
+
+
+def _loc(err: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in err.get("loc", ()))
+
+
+def _pydantic_problems(prefix: str, exc: ValidationError, limit: int = 6) -> list[str]:
+    out = []
+    for err in exc.errors()[:limit]:
+        where = _loc(err)
+        out.append(f"{prefix}{('.' + where) if where else ''}: {err.get('msg', 'invalid')}")
+    return out
+
+
+def parse_plan(
+    value: str | dict[str, Any] | list[Any],
+    snapshot: ClusterSnapshot,
+    *,
+    proposer: str = "rlm",
+    default_issuer: Issuer = Issuer.ROOT,
+) -> Plan:
+    """Committed JSON (text or data) -> :class:`Plan`, or :class:`PlanParseError` listing every problem.
+
+    Accepts the spec's shape ``{"tick_rationale", "actions": [...]}`` and a bare list of
+    actions. ``tick`` and ``cluster_id`` come from the snapshot, never from the model.
+    Omitted jobs are *not* filled in here (see :func:`koi.agent.backend.complete`).
+    """
+    if isinstance(value, str):
+        if len(value) > MAX_PLAN_CHARS:
+            raise PlanParseError([f"plan too large: {len(value)} characters"])
+        try:
+            data: Any = json.loads(value)
+        except (ValueError, RecursionError) as exc:
+            raise PlanParseError([f"not JSON: {exc}"]) from None
+    else:
+        data = value
+    if isinstance(data, list):
+        data = {"actions": data}
+    if not isinstance(data, dict):
+        raise PlanParseError([f"a plan is an object with 'actions', got {type(data).__name__}"])
+    actions = data.get("actions")
+    if not isinstance(actions, list):
+        raise PlanParseError(["a plan needs 'actions': a list of actions"])
+    if len(actions) > MAX_ACTIONS:
+        raise PlanParseError([f"too many actions: {len(actions)}"])
+    extra = sorted(set(data) - {"actions", "tick_rationale", "tick", "cluster_id", "proposer"})
+    problems: list[str] = []
+    if extra:
+        problems.append(f"unknown plan fields {extra} (allowed: tick_rationale, actions)")
+    rationale = data.get("tick_rationale", "")
+    if not isinstance(rationale, str):
+        problems.append("tick_rationale must be a string")
+        rationale = ""
+    known = {js.job.job_id: js for js in snapshot.jobs}
+    parsed: list[Action] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(actions):
+        where = f"actions[{i}]"
+        if not isinstance(raw, dict):
+            problems.append(f"{where}: an action is an object, got {type(raw).__name__}")
+            continue
+        raw = dict(raw)
+        job_id = raw.get("job_id")
+        if isinstance(job_id, str):
+            where = f"actions[{i}] (job {job_id})"
+        raw.setdefault("issuer", default_issuer.value)
+        if raw.get("ladder") == []:
+            raw["ladder"] = None
+        try:
+            action = Action.model_validate(raw)
+        except ValidationError as exc:
+            problems.extend(_pydantic_problems(where, exc))
+            continue
+        if action.job_id not in known:
+            problems.append(f"{where}: unknown job_id {action.job_id!r}")
+            continue
+        if action.job_id in seen:
+            problems.append(f"{where}: a second action for job {action.job_id!r} (one action per job)")
+            continue
+        seen.add(action.job_id)
+        parsed.append(action)
+    if problems:
+        raise PlanParseError(problems)
+    return Plan(tick=snapshot.tick, cluster_id=snapshot.cluster_id, actions=parsed,
+                tick_rationale=rationale[:4000], proposer=proposer)
+
+
+def keep_defer_plan(snapshot: ClusterSnapshot, proposer: str = "keep-all", rationale: str = "") -> Plan:
+    """Every active job keeps its ladder, every pending job waits: the safe state."""
+    actions = []
+    for js in snapshot.jobs:
+        if js.status.value == "active":
+            actions.append(Action(job_id=js.job.job_id, type=ActionType.KEEP, tenant_id=js.job.tenant))
+        elif js.status.value == "pending":
+            actions.append(Action(job_id=js.job.job_id, type=ActionType.DEFER, tenant_id=js.job.tenant))
+    return Plan(tick=snapshot.tick, cluster_id=snapshot.cluster_id, actions=actions,
+                tick_rationale=rationale, proposer=proposer)
+
+
+def fill_omitted(plan: Plan, snapshot: ClusterSnapshot) -> Plan:
+    """Omitted active jobs KEEP, omitted pending jobs DEFER (whitepaper: "any omitted jobs
+    automatically default to KEEP (running) or DEFER (waiting)"). Used when the planning
+    room's ``complete_plan`` is not available."""
+    have = set(plan.job_ids)
+    extra = [a for a in keep_defer_plan(snapshot).actions if a.job_id not in have]
+    if not extra:
+        return plan
+    for a in extra:
+        a.rationale = "omitted by the planner: default"
+    return plan.model_copy(update={"actions": [*plan.actions, *extra]})
