@@ -8,6 +8,7 @@ document on stdout (logs go to stderr), so scripts and CI can read it.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 
 import typer
@@ -24,13 +25,16 @@ app = typer.Typer(
 )
 #: Command modules, in help order. Each ``koi/cli/<name>.py`` exposes ``register(app)``.
 #: A module not written yet is left out; one that fails to import is an error.
-COMMAND_MODULES = (
-    "catalog", "db", "sim", "surrogate", "learn", "why", "plan", "ops", "dev", "demo", "bench", "agent",
-)
+COMMAND_MODULES = ("catalog", "db", "sim", "surrogate", "learn", "why", "plan", "bench", "agent")
 
 for _name in COMMAND_MODULES:
     if importlib.util.find_spec(f"koi.cli.{_name}") is not None:
         importlib.import_module(f"koi.cli.{_name}").register(app)
+
+# The outer rooms (workers/: ops, dev, demo) plug their commands in by entry point, so the
+# domain package never imports Temporal or the workers.
+for _ep in sorted(importlib.metadata.entry_points(group="koi.commands"), key=lambda e: e.name):
+    _ep.load()(app)
 
 
 @app.command()

@@ -1,0 +1,119 @@
+"""A run's summary from the store and the simulated world: what ``koi demo`` prints.
+
+Figures (choices where the brief is vague):
+- **jobs admitted**: jobs the planner placed at least once (``admitted_tick`` set) of those submitted;
+- **goodput**: output tokens per simulated second of requests that met their SLO — online:
+  TTFT and TPOT within target; batch: finished before the job's deadline;
+- **$/token**: the fleet's cost so far (allocated instances and idle reserved commitment)
+  over every output token produced, also given per million tokens;
+- **TTFT / TPOT attainment**: over online requests that ended (served or not; a request
+  never served misses both), the fraction within the job's TTFT (TPOT) target;
+- **swaps**: swap actions in committed plans (a job moved to a new ladder);
+- **ticks**: outcomes and the mean wall time of a tick's stages (S0–S6, from the store).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from koi.domain import JobClass
+
+
+def summarize_run(session: Session, cluster_id: str, world: Any | None) -> dict[str, Any]:
+    from koi.store import get_jobs, list_actions, list_ticks
+    from koi.store.tables import PlanRow
+
+    ticks = list_ticks(session, cluster_id)
+    outcomes = Counter(t.status for t in ticks)
+    totals = [float(t.timings.get("total", 0.0)) for t in ticks if t.timings]
+    committed = {
+        r.tick for r in session.query(PlanRow).filter(PlanRow.cluster_id == cluster_id, PlanRow.committed.is_(True))
+    }
+    acts = [a for a in list_actions(session, cluster_id) if a.tick in committed]
+    by_type = Counter(a.action_type for a in acts)
+    jobs = get_jobs(session, cluster_id)
+    out: dict[str, Any] = {
+        "cluster_id": cluster_id,
+        "ticks": {
+            "total": len(ticks),
+            "committed": outcomes.get("committed", 0),
+            "fallback": outcomes.get("fallback", 0),
+            "failed": outcomes.get("failed", 0),
+            "mean_tick_s": round(float(np.mean(totals)), 3) if totals else None,
+            "max_tick_s": round(float(np.max(totals)), 3) if totals else None,
+        },
+        "jobs": {
+            "submitted": len(jobs),
+            "admitted": sum(1 for j in jobs if j.admitted_tick is not None),
+            "by_status": dict(Counter(j.status.value for j in jobs)),
+        },
+        "actions": dict(by_type),
+        "swaps": by_type.get("swap", 0),
+    }
+    if world is not None:
+        out.update(world_figures(world))
+    return out
+
+
+def world_figures(world: Any) -> dict[str, Any]:
+    """Goodput, $/token and SLO attainment from a ``koi.sim`` World's per-request records."""
+    from koi.sim.records import Status
+
+    inner = getattr(world, "inner", world)
+    rec = inner.records()
+    now = float(inner.now())
+    cost = inner.cost()
+    ended = rec[rec["status"] != Status.UNFINISHED]
+    served_mask = ended["status"] == Status.SERVED
+    good_tokens = 0.0
+    ttft_ok = tpot_ok = online_n = 0
+    per_job = []
+    for jr in inner.jobs:
+        job = jr.job
+        r = ended[ended["job"] == jr.idx]
+        s = r[r["status"] == Status.SERVED]
+        ttft = (s["first_token"] - s["arrival"]) * 1e3
+        tpot = np.where(s["tokens_out"] > 1, (s["finish"] - s["first_token"]) / np.maximum(s["tokens_out"] - 1, 1) * 1e3, 0.0)
+        row: dict[str, Any] = {"job_id": job.job_id, "class": job.job_class.value, "ended": int(len(r)),
+                               "served": int(len(s)), "output_tokens": int(s["tokens_out"].sum())}
+        if job.job_class is JobClass.ONLINE:
+            t_ok = ttft <= (job.slo.p99_ttft_ms or np.inf)
+            p_ok = tpot <= (job.slo.p99_tpot_ms or np.inf)
+            good_tokens += float(s["tokens_out"][t_ok & p_ok].sum())
+            online_n += len(r)
+            ttft_ok += int(t_ok.sum())
+            tpot_ok += int(p_ok.sum())
+            row["ttft_attainment"] = round(float(t_ok.sum()) / len(r), 4) if len(r) else None
+            row["tpot_attainment"] = round(float(p_ok.sum()) / len(r), 4) if len(r) else None
+            row["p99_ttft_ms"] = round(float(np.percentile(ttft, 99)), 1) if len(s) else None
+            row["p99_tpot_ms"] = round(float(np.percentile(tpot, 99)), 1) if len(s) else None
+        else:
+            deadline = job.deadline_at if job.deadline_at is not None else np.inf
+            on_time = s["finish"] <= deadline
+            good_tokens += float(s["tokens_out"][on_time].sum())
+            row["requests"] = job.slo.num_requests
+            row["finished_at_s"] = jr.finished_at
+            if jr.finished_at is not None:
+                row["deadline_met"] = bool(jr.finished_at <= deadline)
+            else:  # unfinished: missed once the deadline has passed, not yet due before
+                row["deadline_met"] = False if now > deadline else None
+        per_job.append(row)
+    tokens = float(ended["tokens_out"][served_mask].sum())
+    total_cost = float(cost["total"])
+    return {
+        "simulated_s": now,
+        "requests": {"ended": int(len(ended)), "served": int(served_mask.sum()),
+                     "unfinished": int(np.sum(rec["status"] == Status.UNFINISHED))},
+        "output_tokens": int(tokens),
+        "goodput_tokens_per_s": round(good_tokens / now, 2) if now > 0 else 0.0,
+        "cost_usd": round(total_cost, 4),
+        "usd_per_token": (total_cost / tokens) if tokens else None,
+        "usd_per_mtok": round(total_cost / tokens * 1e6, 4) if tokens else None,
+        "ttft_attainment": round(ttft_ok / online_n, 4) if online_n else None,
+        "tpot_attainment": round(tpot_ok / online_n, 4) if online_n else None,
+        "per_job": per_job,
+    }
