@@ -396,8 +396,14 @@ def s4_propose(rt: Runtime, ref: StageRef, index: int) -> PlanSummary:
 
 
 def s4_select(rt: Runtime, ref: StageRef, candidates: list[int]) -> PlanSummary:
-    """Deterministic code decides among the trajectories: the valid candidate with the fewest
-    violations, ties to the lowest index; it becomes the tick's plan."""
+    """Deterministic code decides among the trajectories (whitepaper, "The Agentic Planner":
+    "returns the plan with the best σ score").
+
+    Among the candidates that pass C0–C7, the highest plan value wins: the joint selector's
+    objective (Φ plus kept ladders' σ minus the priority-weighted unserved demand), computed
+    by the same scoring code every proposer is judged by; ties go to the lowest index. Only
+    when no candidate is valid does the one with the fewest violations go on to S5's repair.
+    """
     from koi.pipeline import delegates
 
     fn = rt.validator or delegates.default_validator
@@ -412,7 +418,12 @@ def s4_select(rt: Runtime, ref: StageRef, candidates: list[int]) -> PlanSummary:
             scored.append((0 if v.valid else 1, len(v.violations), k, plan))
         if not scored:
             raise InputError(f"tick {ref.tick}: no stored candidate among {candidates}")
-        _, _, k, plan = min(scored, key=lambda t: t[:3])
+        valid = [(k, plan) for ok, _, k, plan in scored if ok == 0]
+        if len(valid) > 1:
+            value = _plan_values(s, ref, snap, [p for _, p in valid])
+            k, plan = max(zip(valid, value, strict=True), key=lambda t: (t[1], -t[0][0]))[0]
+        else:
+            _, _, k, plan = min(scored, key=lambda t: t[:3])
         save_plan(s, ref.cluster_id, plan, committed=False)
         pd = digest(plan)
         save_stage_output(s, ref.cluster_id, ref.tick, Stage.S4_PLAN,
@@ -421,6 +432,15 @@ def s4_select(rt: Runtime, ref: StageRef, candidates: list[int]) -> PlanSummary:
     by_type = Counter(a.type.value for a in plan.actions)
     return PlanSummary(tick=ref.tick, attempt=ref.attempt, proposer=plan.proposer, n_actions=len(plan.actions),
                        by_type=dict(by_type), digest=pd)
+
+
+def _plan_values(s: Any, ref: StageRef, snap: ClusterSnapshot, plans: list[Plan]) -> list[float]:
+    """The selector's objective of each plan, scored on this tick's planning context."""
+    from koi.agent.backend import ToolBackend
+    from koi.planning.tick import load_planning_context
+
+    backend = ToolBackend(snap, load_planning_context(s, ref.cluster_id, ref.tick))
+    return [float(backend.plan_value(p)[0]) for p in plans]
 
 
 # ---- S5 validate ---------------------------------------------------------------------------------------------------
