@@ -14,6 +14,22 @@ import structlog
 _configured = False
 
 
+class _StderrLogger:
+    """Writes each line to whatever ``sys.stderr`` is *now*: test runners and CLIs swap it, and
+    a logger that captured the stream at configuration time would write to a closed file."""
+
+    def msg(self, message: str) -> None:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+class _StderrLoggerFactory:
+    def __call__(self, *args: object) -> _StderrLogger:
+        return _StderrLogger()
+
+
 def configure(fmt: str | None = None, level: str | None = None) -> None:
     """Configure structlog and the stdlib root logger. Idempotent."""
     global _configured
@@ -33,7 +49,7 @@ def configure(fmt: str | None = None, level: str | None = None) -> None:
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_StderrLoggerFactory(),
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=lvl, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")

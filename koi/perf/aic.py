@@ -161,10 +161,17 @@ def _usable(version_dir: Path, filename: str) -> bool:
 
 
 def table_versions(system: str, family: str, backend: str, filename: str) -> list[str]:
+    """Measured versions of one table, oldest first (the installed package's files never change
+    while the process runs, so the directory walk is done once per key)."""
+    return list(_table_versions(system, family, backend, filename))
+
+
+@cache
+def _table_versions(system: str, family: str, backend: str, filename: str) -> tuple[str, ...]:
     base = systems_dir() / "data" / system / family / backend
     if not base.is_dir():
-        return []
-    return sorted((d.name for d in base.iterdir() if d.is_dir() and _usable(d, filename)), key=version_key)
+        return ()
+    return tuple(sorted((d.name for d in base.iterdir() if d.is_dir() and _usable(d, filename)), key=version_key))
 
 
 @dataclass(frozen=True)
