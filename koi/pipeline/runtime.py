@@ -72,6 +72,7 @@ class Runtime:
     s3: StageFn | None = None
     interval_s: float = 300.0
     drain_s: float = 30.0  # a torn-down rank drains this long; in a swap that is the A/B canary overlap
+    record_perf: bool = True  # S1 writes PerfDB (observed vs physics per serving rank) for the residual learner
     seed: int = 0
     heartbeat: Callable[..., None] = field(default=lambda *a, **k: None)
 

@@ -304,13 +304,20 @@ def s1_observe(rt: Runtime, ref: StageRef) -> ObserveSummary:
             windows = w.telemetry(t0, t1, cluster_id=ref.cluster_id, tick=ref.tick) if t1 > t0 else []
         if windows:
             save_telemetry(s, windows)
+        n_records = 0
+        if rt.record_perf and windows:
+            # PerfDB: each serving rank's observed performance against the physics, before S3 reads it
+            from koi.evidence.perfdb import record_perf
+
+            n_records = record_perf(s, ref.cluster_id, ref.tick, snap)
         n_samples = sum(w.n_samples for w in windows)
         save_stage_output(
             s,
             ref.cluster_id,
             ref.tick,
             Stage.S1_OBSERVE,
-            {"t_start": t0, "t_end": t1, "ranks": sorted(w.rank_id for w in windows), "n_samples": n_samples},
+            {"t_start": t0, "t_end": t1, "ranks": sorted(w.rank_id for w in windows), "n_samples": n_samples,
+             "perf_records": n_records},
             input_digest=digest({"snapshot": snap.model_dump(mode="json")["now"], "t0": t0, "t1": t1}),
         )
     return ObserveSummary(tick=ref.tick, t_start=t0, t_end=t1, n_windows=len(windows), n_samples=n_samples)

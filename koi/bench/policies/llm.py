@@ -1,0 +1,255 @@
+"""The language-model planners: an LLM alone (no tools), and Koi's RLM planner with a real model.
+
+Both need an OpenAI-compatible endpoint (``KOI_LLM_BASE_URL``, ``KOI_LLM_MODEL``), so both are
+``needs_llm=True``: :func:`koi.bench.policy.all_policies` lists them only when one is configured.
+A test or a benchmark can pass its own model instead: ``BenchContext.options["llm_model"]`` (a
+:class:`koi.agent.llm.ChatModel`, or for ``koi-llm`` a factory ``k -> ChatModel``).
+
+``llm-only`` — "LLM only (no tools)", the paper's GPT-only baseline. Each tick the model gets a
+text rendering of the frozen snapshot — every pool (environment, instance shape, GPUs per
+instance, free/total instances, price), the catalogue facts a planner needs (GPU memory and
+interconnect per GPU type; model size, layers, heads, KV heads, native dtype), every live job
+(class, status, model, mean request lengths, rate, SLO or deadline and progress, what it runs
+now) — the plan format (the white paper's plan JSON, :data:`koi.agent.prompts.PLAN_EXAMPLE`) and
+the rules (one action per job, capacity, TP dividing the heads, a swap budget), and answers with
+one JSON plan. No tools, no predictions, no scores. A reply that does not parse or shape-check
+(:func:`koi.agent.parse.parse_plan`) gets **one** repair turn listing every problem; a second
+failure gives keep/defer for everyone. Jobs the plan omits keep (running) or defer (pending).
+Then S5 validates it like any plan (an invalid action is reverted, a wrongly deferred job
+admitted — the same net for all). Temperature 0, the endpoint's ``seed`` from the run seed.
+Token use and dollars are stored per tick as the stage output ``S4_llm/a<attempt>`` (the same
+:class:`koi.agent.llm.Usage` the RLM reports carry). No PerfDB, S2/S3 off: it learns nothing
+(what it sees of the past is the current deployments in the snapshot).
+
+``koi-llm`` — "Koi with LLM": :class:`koi.agent.planner.RlmProposer` with the configured model
+(sandboxed REPL, the deterministic tools, specialists, the selection with the deterministic plan
+as anchor), and Koi's whole learning loop (S2, S3, PerfDB). Option ``rlm_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from koi import catalog
+from koi.bench.policies._common import PolicyProposer
+from koi.bench.policies.koi_variants import rlm_config
+from koi.bench.policy import BenchContext, Family, PolicySpec, register
+from koi.domain import ClusterSnapshot, Plan
+
+SYSTEM = """\
+You plan the deployments of a fleet of LLM inference jobs on heterogeneous, multi-cloud GPUs. \
+Once per planning tick you write ONE cluster-wide plan: an action for every job. You have no \
+tools: decide from the description of the cluster below.
+
+PLAN FORMAT (answer with exactly one ```json block holding this object, nothing else matters)
+{plan_example}
+- type: place (a pending job gets a ladder), keep (an active job keeps what it runs), swap (an \
+active job moves to a new ladder), defer (a pending job waits). place/swap carry a ladder; keep \
+and defer carry none. One action per job; jobs you omit keep (active) or defer (pending).
+- A ladder is a list of ranks; a rank runs n_replicas copies of one chain: env = [market, cloud, \
+region, zone, gpu_type] of a pool below, config.instance_type = that pool's instance type, and \
+tp x pp GPUs per replica (tp <= GPUs per instance; tp must divide the model's attention heads \
+and KV heads, pp its layer count).
+- Capacity: a replica of g GPUs on instances of G GPUs takes G/g replicas per instance when \
+g <= G, else g/G instances. A pool's free instances bound what you can add to it; a swap into \
+another pool needs the full new ladder while the old one still runs.
+- The weights (bytes per parameter: 2 for bf16, 1 for fp8) plus the KV cache must fit the \
+replica's GPU memory; fp8 weights (config.weight_dtype = "fp8") only on GPUs with fp8.
+- At most {swap_budget} active jobs may change (swap) per tick.
+- Goals: every online job meets its p99 TTFT/TPOT targets at its request rate, every batch job \
+finishes its requests before its deadline, at the lowest cost; admit every job you can.
+"""
+
+REPAIR = """\
+Your plan could not be used:
+{problems}
+Answer again with ONE ```json block holding the corrected plan. This is your only repair."""
+
+
+def _gpu_facts(names: list[str]) -> list[str]:
+    out = []
+    for g in sorted(set(names)):
+        try:
+            s = catalog.gpu(g)
+        except Exception:  # noqa: BLE001 - an unknown GPU is described by name only
+            out.append(f"- {g}")
+            continue
+        out.append(f"- {g}: {s.memory_gb:g} GB, {s.mem_bw_gbs:g} GB/s, {s.bf16_tflops:g} bf16 TFLOPS"
+                   f"{', fp8' if s.supports_fp8 else ''}, {getattr(s.interconnect, 'value', s.interconnect)}")
+    return out
+
+
+def _model_facts(names: list[str]) -> list[str]:
+    out = []
+    for m in sorted(set(names)):
+        try:
+            a = catalog.model(m)
+        except Exception:  # noqa: BLE001
+            out.append(f"- {m}")
+            continue
+        moe = f", MoE {a.num_experts} experts ({a.num_experts_active} active)" if a.num_experts else ""
+        out.append(f"- {a.name}: {a.params_b:g}B parameters{moe}, {a.num_layers} layers, {a.num_heads} heads, "
+                   f"{a.num_kv_heads} KV heads, native {a.native_dtype.value}, context {a.max_context}")
+    return out
+
+
+def render_snapshot(snapshot: ClusterSnapshot, swap_budget: int) -> str:
+    """The frozen snapshot as text (the only input of the LLM-only planner)."""
+    res = snapshot.resources
+    lines = [f"Tick {snapshot.tick}, cluster time {snapshot.now:.0f} s. {res.free_gpus} of {res.total_gpus} GPUs free. "
+             f"Swap budget this tick: {swap_budget}.", "", "POOLS (env; instance type; GPUs per instance; "
+             "free/total instances; $/hour per instance):"]
+    for p in sorted(res.pools, key=lambda p: p.pool_id):
+        e = p.env
+        env = json.dumps([e.market.value, e.cloud, e.region, e.zone, e.gpu_type])
+        lines.append(f"- {env} {p.instance_type}; {p.gpus_per_instance} GPUs; {p.free_instances}/{p.total_instances} "
+                     f"free; ${p.hourly_price:.2f}/h")
+    lines += ["", "GPU TYPES:", *_gpu_facts([p.env.gpu_type for p in res.pools])]
+    jobs = sorted(snapshot.jobs, key=lambda js: js.job.job_id)
+    lines += ["", "MODELS:", *_model_facts([js.job.model for js in jobs]), "", "JOBS:"]
+    for js in jobs:
+        j = js.job
+        w = j.workload
+        if j.job_class.value == "online":
+            goal = (f"{w.arrival.rate_rps:g} req/s; SLO p99 TTFT <= {j.slo.p99_ttft_ms:g} ms, "
+                    f"p99 TPOT <= {j.slo.p99_tpot_ms:g} ms")
+        else:
+            left = (j.deadline_at - snapshot.now) if j.deadline_at is not None else float("inf")
+            goal = (f"{j.slo.num_requests} requests, {js.completed_requests} done, deadline in {left:.0f} s")
+        ladder = snapshot.ladder_of(j.job_id)
+        runs = "; ".join(
+            f"{r.n_replicas}x tp{r.config.tp} pp{r.config.pp} {r.config.weight_dtype.value} on "
+            f"{json.dumps([r.env.market.value, r.env.cloud, r.env.region, r.env.zone, r.env.gpu_type])} "
+            f"{r.config.instance_type}" for r in ladder.ranks) if ladder is not None else "nothing"
+        lines.append(f"- {j.job_id} [{js.status.value}, {j.job_class.value}, priority {j.priority}, tenant {j.tenant}] "
+                     f"model {j.model}; {w.kind}: mean input {w.isl:.0f}, output {w.osl:.0f} tokens; {goal}; "
+                     f"runs: {runs}")
+    lines += ["", "Write the plan for this tick."]
+    return "\n".join(lines)
+
+
+def extract_plan_json(text: str) -> str | None:
+    """The plan object of a reply: a ```json block with "actions", else the first JSON object in the text."""
+    from koi.agent.parse import parse_reply
+
+    parsed = parse_reply(text)
+    if parsed.json_plans:
+        return parsed.json_plans[-1]
+    dec = json.JSONDecoder()
+    start = text.find("{")
+    while start >= 0:
+        try:
+            obj, _ = dec.raw_decode(text[start:])
+        except ValueError:
+            start = text.find("{", start + 1)
+            continue
+        if isinstance(obj, dict) and "actions" in obj:
+            return json.dumps(obj)
+        start = text.find("{", start + 1)
+    return None
+
+
+class LlmOnly(PolicyProposer):
+    policy = "llm-only"
+
+    def __init__(self, bench: BenchContext) -> None:
+        super().__init__(bench)
+        from koi.config import get_settings
+
+        self.settings = get_settings()
+        self._model = self.option("llm_model", None)
+        self.max_tokens = int(self.option("max_tokens", 8192))
+
+    def model(self) -> Any:
+        if self._model is None:
+            from koi.agent.llm import OpenAIChatModel
+
+            self._model = OpenAIChatModel.from_settings(self.settings)
+        return self._model
+
+    def propose(self, ctx: Any) -> Plan:
+        from koi.agent.llm import ChatMessage, MeteredModel
+        from koi.agent.parse import PlanParseError, keep_defer_plan, parse_plan
+        from koi.agent.prompts import PLAN_EXAMPLE
+        from koi.planning.tick import load_planning_context
+
+        snap = ctx.snapshot
+        budget = load_planning_context(ctx.session, ctx.cluster_id, ctx.tick).knobs.swap_budget
+        system = SYSTEM.format(plan_example=json.dumps(PLAN_EXAMPLE, indent=1), swap_budget=budget)
+        user = render_snapshot(snap, budget)
+        if ctx.feedback:
+            user += "\n\nThe previous plan of this tick was rejected by validation:\n" + "\n".join(
+                f"  * {f}" for f in list(ctx.feedback)[:20])
+        messages = [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)]
+        metered = MeteredModel(self.model(), self.settings.llm_price_per_mtok_in, self.settings.llm_price_per_mtok_out)
+        seed = self.llm_seed(ctx)
+        plan: Plan | None = None
+        problems: list[str] = []
+        for turn in range(2):
+            reply = metered.complete(messages, temperature=0.0, max_tokens=self.max_tokens, seed=seed)
+            raw = extract_plan_json(reply.content)
+            try:
+                if raw is None:
+                    raise PlanParseError(["no JSON object with 'actions' found in the reply"])
+                plan = parse_plan(raw, snap, proposer=self.policy)
+                break
+            except PlanParseError as exc:
+                problems = list(exc.problems)
+                if turn == 0:
+                    messages += [ChatMessage(role="assistant", content=reply.content),
+                                 ChatMessage(role="user", content=REPAIR.format(
+                                     problems="\n".join(f"  * {p}" for p in problems[:25])))]
+        status = "parsed" if plan is not None else "malformed"
+        if plan is None:
+            plan = keep_defer_plan(snap, proposer=self.policy,
+                                   rationale="llm-only: no usable plan after one repair: " + "; ".join(problems[:5]))
+        self._persist(ctx, status, problems, metered.usage)
+        return plan
+
+    def _persist(self, ctx: Any, status: str, problems: list[str], usage: Any) -> None:
+        if ctx.session is None:
+            return
+        from koi.store.repos.stages import digest, save_stage_output
+
+        save_stage_output(ctx.session, ctx.cluster_id, ctx.tick, f"S4_llm/a{ctx.attempt}",
+                          {"policy": self.policy, "status": status, "problems": problems[:20],
+                           "usage": usage.model_dump(mode="json")},
+                          input_digest=digest({"attempt": ctx.attempt}))
+
+
+class KoiLlm(PolicyProposer):
+    """Koi's RLM planner with the configured model (or ``options["llm_model"]``)."""
+
+    policy = "koi-llm"
+
+    def __init__(self, bench: BenchContext) -> None:
+        super().__init__(bench)
+        from koi.agent.planner import RlmProposer
+
+        self.inner = RlmProposer(self.option("llm_model", None), rlm_config(self.options))
+
+    def propose(self, ctx: Any) -> Plan:
+        return self.inner(dataclasses.replace(ctx, seed=self.llm_seed(ctx)))
+
+
+def _make(cls: type[PolicyProposer]) -> Any:
+    def make(bench: BenchContext) -> PolicyProposer:
+        return cls(bench)
+
+    return make
+
+
+LLM_ONLY = register(PolicySpec(
+    name="llm-only", label="LLM only (no tools)", family=Family.LLM, make_proposer=_make(LlmOnly), needs_llm=True,
+    stochastic=True,
+    description="The configured model writes the plan JSON from a text rendering of the snapshot; no tools; one "
+                "repair on malformed output; omitted jobs keep/defer.",
+))
+KOI_LLM = register(PolicySpec(
+    name="koi-llm", label="Koi with LLM", family=Family.LLM, make_proposer=_make(KoiLlm), run_s2=True, run_s3=True,
+    needs_llm=True, stochastic=True,
+    description="Koi's RLM planner (sandboxed REPL, deterministic tools, specialists) with the configured model, "
+                "and Koi's learning loop.",
+))

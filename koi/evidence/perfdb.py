@@ -1,0 +1,137 @@
+"""PerfDB: what each serving rank did in ``(t−1, t]`` against the physics (S1 writes it).
+
+The surrogate's residual learner (:meth:`koi.surrogate.Surrogate.from_records`) and the slow
+loop's outcome and DRO-coverage inputs read these records. S1 writes them right after the
+telemetry, so S3 of the same tick sees them (the spec's order: observe, validate, update).
+
+One :class:`koi.store.PerfRecord` per rank that served the whole window (:func:`served_windows`):
+the window's mean of every V and Y (``observed_v``/``observed_y``) and ``predicted`` = the
+**base** surrogate (physics alone, nothing learned), which is what ``ResidualModel.fit`` inverts.
+
+Choice: the base prediction is made at the rank's *observed* served rate (throughput / mean
+output length, with the replicas that were up), the load at which the residual learner probes
+the physics for that record (``koi.surrogate.residual.physics_curves``), so the speed inversion
+compares like with like. A window without output (throughput 0) or without a finished request
+(p99 TPOT 0) carries no speed evidence and is skipped. Records are keyed by (cluster, tick,
+rank), so writing a tick twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from koi import variables
+from koi.domain import ClusterSnapshot, Deployment, JobState, TelemetryWindow
+
+#: Quantities a record keeps (what PerfRecord accepts).
+_ALLOWED = frozenset(variables.V_NAMES + variables.Y_NAMES)
+
+
+@dataclass(frozen=True)
+class Served:
+    """One rank's telemetry window of ``(t−1, t]`` from a rank that served the whole window."""
+
+    window: TelemetryWindow
+    deployment: Deployment  # as of tick t
+    job: JobState  # as of tick t − 1 (the job may have finished since)
+    replicas: int  # replicas that were up at both ends of the window
+
+
+def previous_snapshot(session: Any, cluster_id: str, tick: int) -> ClusterSnapshot | None:
+    from koi.store import Stage, load_stage_model
+
+    if tick <= 0:
+        return None
+    return load_stage_model(session, cluster_id, tick - 1, Stage.S0_SNAPSHOT, ClusterSnapshot)
+
+
+def served_windows(session: Any, cluster_id: str, tick: int, snapshot: ClusterSnapshot) -> list[Served]:
+    """This tick's windows (S1 stored them under ``tick``) of ranks that were serving at t − 1 and
+    still are at t, with the same chain. A rank launched during the window spent part of it
+    booting (its gauges hold 0 until the first request), so its first full window is the next one:
+    the rule ``koi learn`` uses. Sorted by rank id."""
+    from koi.domain.cluster import DeploymentState
+    from koi.store import get_telemetry
+
+    prev = previous_snapshot(session, cluster_id, tick)
+    if prev is None:
+        return []
+    up = (DeploymentState.SERVING, DeploymentState.DEGRADED)
+    before = {d.rank_id: d for d in prev.deployments if d.state in up and d.replicas_ready >= 1}
+    now = {d.rank_id: d for d in snapshot.deployments if d.state in up and d.replicas_ready >= 1}
+    jobs = {js.job.job_id: js for js in prev.jobs}
+    out = []
+    for w in sorted(get_telemetry(session, cluster_id, tick), key=lambda w: w.rank_id):
+        d0, d1 = before.get(w.rank_id), now.get(w.rank_id)
+        if d0 is None or d1 is None or w.n_samples == 0 or w.job_id not in jobs:
+            continue
+        out.append(Served(window=w, deployment=d1, job=jobs[w.job_id],
+                          replicas=min(d0.replicas_ready, d1.replicas_ready)))
+    return out
+
+
+def window_means(w: TelemetryWindow) -> tuple[dict[str, float], dict[str, float]]:
+    """(observed V, observed Y): the window's mean of every series, split by kind."""
+    from koi import variables
+
+    v: dict[str, float] = {}
+    y: dict[str, float] = {}
+    for name, xs in sorted(w.series.items()):
+        if xs:
+            (v if variables.kind_of(name) is variables.Kind.V else y)[name] = float(np.mean(xs))
+    return v, y
+
+
+
+def _tick_recorded(session: Any, cluster_id: str, tick: int) -> bool:
+    from koi.store import query_perf
+
+    return any(r.tick == tick for r in query_perf(session, cluster_id=cluster_id, since_tick=tick))
+
+
+def build_records(session: Any, cluster_id: str, tick: int, snapshot: ClusterSnapshot) -> list[Any]:
+    """The PerfRecords of ``tick`` (not saved)."""
+    from koi.store import PerfRecord
+    from koi.surrogate import default_surrogate
+
+    sur = default_surrogate()
+    out = []
+    for sv in served_windows(session, cluster_id, tick, snapshot):
+        ov, oy = window_means(sv.window)
+        thr = oy.get("throughput_tokens_per_sec", 0.0)
+        tpot = oy.get("p99_tpot_ms", 0.0)
+        job = sv.job.job
+        if thr <= 0 or tpot <= 0 or sv.replicas < 1:
+            continue
+        rank = sv.deployment.rank.model_copy(update={"n_replicas": sv.replicas})
+        lam = thr / max(float(job.workload.osl), 1.0)
+        try:
+            b = sur.predict_many(job, [rank.chain], offered_rps=lam, n_replicas=rank.n_replicas, with_capacity=False)
+        except Exception:  # noqa: BLE001 - a rank the physics cannot replay contributes no record
+            continue
+        if not bool(b.feasible[0]):
+            continue
+        base = {k: float(v[0]) for k, v in b.base_values.items() if k in _ALLOWED and math.isfinite(float(v[0]))}
+        out.append(PerfRecord.of(cluster_id, tick, job, rank, observed_v=ov, observed_y=oy, predicted=base,
+                                 n_samples=sv.window.n_samples))
+    return out
+
+
+def record_perf(session: Any, cluster_id: str, tick: int, snapshot: ClusterSnapshot | None = None) -> int:
+    """Write tick ``tick``'s PerfDB records unless the tick already has some; returns how many were written."""
+    from koi.store import Stage, load_stage_model, save_perf_records
+
+    if tick <= 0 or _tick_recorded(session, cluster_id, tick):
+        return 0
+    if snapshot is None:
+        snapshot = load_stage_model(session, cluster_id, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
+        if snapshot is None:
+            return 0
+    records = build_records(session, cluster_id, tick, snapshot)
+    if records:
+        save_perf_records(session, records)
+    return len(records)
