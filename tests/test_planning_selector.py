@@ -137,3 +137,40 @@ def test_ejection_move_frees_a_blocked_pool() -> None:
     st = _State(problem, [1, 0])  # the batch job holds the H100, the online job is deferred
     assert _ejections(st, t0=0.0, time_limit=1e9)
     assert st.pick == [2, 1]
+
+
+def _churn_problem(swap_edges: frozenset[int]):
+    """One running job: keep its ladder (testing edges 0 and 1) or swap to an equally good one."""
+    from types import SimpleNamespace
+
+    from koi.domain import ClusterSnapshot, Job, JobState
+    from koi.planning.candidates import JobCandidates
+    from koi.planning.selector import build_problem
+    from koi.scoring.exploration import Activation
+    from koi.scoring.params import PlanningKnobs
+
+    job = Job.model_validate({
+        "job_id": "chat", "model": "llama-3.1-8b", "job_class": "online",
+        "workload": {"input_len": {"mean": 500}, "output_len": {"mean": 200}, "arrival": {"rate_rps": 2}},
+        "slo": {"p99_ttft_ms": 1000, "p99_tpot_ms": 50},
+    })
+    keep = _cand("chat", OptionKind.KEEP, -0.2)
+    keep.activation = Activation(edges=frozenset({0, 1}))
+    swap = _cand("chat", OptionKind.SWAP, -0.2)
+    swap.activation = Activation(edges=swap_edges)
+    jc = JobCandidates(state=JobState(job=job, status="active"), slice=None, demand_tps=1.0,
+                       candidates=[swap], keep=keep, defer=None, reference=None)
+    snap = ClusterSnapshot(cluster_id="c", tick=1, now=300.0, jobs=[jc.state])
+    book = SimpleNamespace(envelopes={}, priority_table=["chat"])
+    exploration = SimpleNamespace(u_edge=np.ones(3), u_mech=np.zeros(0), omega_m=1.0)
+    return build_problem(snap, {"chat": jc}, book, PlanningKnobs(beta=0.5), exploration)
+
+
+def test_a_kept_ladder_keeps_exploring_so_a_swap_earns_only_new_edges() -> None:
+    """A swap that tests what the running ladder already tests gains no exploration over keeping
+    (S2 tests every live rank every tick); one that reaches a new edge does."""
+    same = select(_churn_problem(frozenset({0, 1})))
+    assert same.choice["chat"].kind is OptionKind.KEEP
+    assert same.expl == pytest.approx(2.0)  # the kept ladder's edges count in Expl(P)
+    new = select(_churn_problem(frozenset({0, 1, 2})))
+    assert new.choice["chat"].kind is OptionKind.SWAP

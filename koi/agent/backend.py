@@ -841,6 +841,8 @@ class ToolBackend:
                     sig[a.job_id] = jc.keep.sigma
                     keep_total += jc.keep.sigma
                     penalty += k.unserved_weight * pr * jc.keep.unserved
+                    if jc.keep.activation is not None:  # a kept ladder keeps being tested (selector's rule)
+                        acts.append(jc.keep.activation)
                 elif a.type is ActionType.TERMINATE:
                     sig[a.job_id] = 0.0  # the job ends by intent: nothing is owed
                 else:  # defer, preempt, or a keep with nothing running

@@ -23,7 +23,12 @@ feasible.
 **Expl linearisation.** Expl(P) = Σ_e U_e (1 − Π_i (1 − a_e(L_i))) is non-separable. With
 binary masks the saturation is an OR, so a continuous y_e ∈ [0, 1] with
 y_e ≤ Σ a_e x is exact at the optimum (U_e ≥ 0 and we maximise: y_e = min(1, Σ a_e x)).
-Only ladder-bearing options (place/swap) carry masks; keep and defer exercise nothing.
+A kept ladder carries its masks too: P holds a ladder for every job, keeping means
+L_i = L_i^(t−1) (whitepaper, "Problem Formulation"), and S2 tests every applicable mechanism
+of every live rank each tick, so a running deployment keeps producing evidence. Counting it
+means a swap only earns exploration for edges no other ladder of the plan — kept ones
+included — already exercises; giving keeps no masks would pay every swap β·U for evidence
+the kept ladder was producing anyway, a systematic bias toward churn. A defer carries none.
 
 **Determinism.** HiGHS is deterministic on the same model, and every tie in the model
 building and the greedy is broken by job order (the budget book's priority table) and option
@@ -152,7 +157,7 @@ def build_problem(
         keep_usage = jc.keep.usage if jc.keep is not None else {}
         opts = []
         for c in [jc.null, *jc.candidates]:
-            is_null = c.kind in (OptionKind.KEEP, OptionKind.DEFER)
+            explores = c.kind is not OptionKind.DEFER and c.activation is not None
             value = c.sigma - knobs.unserved_weight * pr * c.unserved
             if c.kind is OptionKind.KEEP:
                 usage: dict[str, int] = {}
@@ -169,7 +174,7 @@ def build_problem(
             act = c.activation
             opts.append(Option(
                 cand=c, value=float(value), usage=usage, quota=quota, is_swap=c.kind is OptionKind.SWAP,
-                edges=() if is_null else tuple(sorted(act.edges)), mechs=() if is_null else tuple(sorted(act.mechanisms)),
+                edges=tuple(sorted(act.edges)) if explores else (), mechs=tuple(sorted(act.mechanisms)) if explores else (),
             ))
         options.append(opts)
     return SelectionProblem(
