@@ -109,7 +109,8 @@ class LedgerWorld:
         self.resources.pool(r["pool_id"]).free_instances += r["instances"]
         return True
 
-    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str) -> LaunchResult:
+    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
+              drain_s: float | None = None) -> LaunchResult:
         r = self.ranks.get(rank_id)
         if idempotency_key in self.keys or r is None:
             status = LaunchStatus.DUPLICATE if idempotency_key in self.keys else LaunchStatus.FAILED

@@ -108,8 +108,9 @@ class SimWorld:
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0) -> bool:
         return self.inner.teardown(job_id, rank_id, idempotency_key, drain_s=drain_s)
 
-    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str) -> LaunchResult:
-        return self.inner.scale(job_id, rank_id, n_replicas, idempotency_key)
+    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
+              drain_s: float | None = None) -> LaunchResult:
+        return self.inner.scale(job_id, rank_id, n_replicas, idempotency_key, drain_s=drain_s)
 
 
 def sim_world_provider(*, launch_delay_s: float = 0.0, keep: int | None = None) -> Any:

@@ -48,7 +48,12 @@ class Executor(Protocol):
         """Drain then release a rank; True when something was torn down (False: already gone)."""
         ...
 
-    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str) -> LaunchResult: ...
+    def scale(
+        self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *, drain_s: float | None = None
+    ) -> LaunchResult:
+        """Resize a rank. A scale-down drains the removed replicas for ``drain_s`` (the executor's
+        default when None) before their instances are free; 0 releases them at once."""
+        ...
 
 
 @runtime_checkable

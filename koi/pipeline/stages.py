@@ -598,7 +598,7 @@ def _apply(rt: Runtime, cluster_id: str, tick: int, op: Op, jobs: dict[str, Job]
                 detail = {"op": "launch", "replicas": res.replicas_launched, "reason": res.reason, **op.detail,
                           "rank": op.rank.model_dump(mode="json")}
             elif op.kind == "scale":
-                res = ex.scale(op.job_id, op.rank_id, op.n_replicas, op.key)
+                res = ex.scale(op.job_id, op.rank_id, op.n_replicas, op.key, drain_s=op.drain_s)
                 status = {"launched": "scaled", "duplicate": "duplicate", "failed": "failed"}[res.status.value]
                 detail = {"op": "scale", "replicas": op.n_replicas, "prev_replicas": op.prev_replicas,
                           "reason": res.reason, **op.detail}

@@ -458,8 +458,15 @@ class World:
         if job.job_id not in self.job_index:
             return failed(f"unknown job {job.job_id!r}: submit it to the world first")
         if rank_id in self.live_rank:
-            what = self.ranks[self.live_rank[rank_id]].state
-            return failed(f"rank {rank_id} is already {what}; use scale to change its replicas")
+            old = self.ranks[self.live_rank[rank_id]]
+            working = [i for i in old.replicas if self.replicas[i].state in ("booting", "serving")]
+            if old.state == "live" and working:
+                return failed(f"rank {rank_id} is already live; use scale to change its replicas")
+            # A rank that lost every replica (none materialised, all reclaimed or failed), or one
+            # still draining from an earlier teardown: the launch replaces it, as a re-created
+            # deployment replaces a terminating one. The old incarnation is released now.
+            self._log("rank_replaced", job_id=job.job_id, rank_id=rank_id, previous_state=old.state)
+            self._finish_rank(old)
         cfg = rank.config
         pools = self.fleet.find(rank.env, cfg.instance_type, cfg.gpus)
         if not pools:
@@ -530,20 +537,25 @@ class World:
             self._push(self.t + drain, "rank_drained", idx)
         return True
 
-    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str) -> LaunchResult:
+    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
+              drain_s: float | None = None) -> LaunchResult:
+        """Resize a rank. Scale-up launches replicas (cold start); scale-down drains the newest
+        replicas for ``drain_s`` (the scenario's ``drain_s`` when None) — their in-flight requests
+        finish, new ones go elsewhere — and 0 stops them at once (their requests are retried, or
+        fail when already streaming), so the instances are free for the next launch."""
         if idempotency_key in self.keys:
             prev = self.keys[idempotency_key]
             if isinstance(prev, LaunchResult):
                 return prev.model_copy(update={"status": LaunchStatus.DUPLICATE})
             return LaunchResult(job_id=job_id, rank_id=rank_id, idempotency_key=idempotency_key,
                                 status=LaunchStatus.DUPLICATE, replicas_requested=n_replicas, replicas_launched=0)  # fmt: skip
-        res = self._scale(job_id, rank_id, n_replicas, idempotency_key)
+        res = self._scale(job_id, rank_id, n_replicas, idempotency_key, drain_s)
         self.keys[idempotency_key] = res
         self._log("scale", job_id=job_id, rank_id=rank_id, replicas=n_replicas, status=res.status.value,
                   reason=res.reason)  # fmt: skip
         return res
 
-    def _scale(self, job_id: str, rank_id: str, n: int, key: str) -> LaunchResult:
+    def _scale(self, job_id: str, rank_id: str, n: int, key: str, drain_s: float | None = None) -> LaunchResult:
         idx = self.live_rank.get(rank_id)
 
         def result(status: LaunchStatus, launched: int, reason: str = "") -> LaunchResult:
@@ -565,13 +577,17 @@ class World:
             return result(status, cur + added, reason)
         # scale down: drain the newest (booting ones first: they serve nobody yet)
         victims = sorted(active, key=lambda i: (self.replicas[i].state != "booting", -i))[: cur - n]
+        drain = self.scenario.drain_s if drain_s is None else max(float(drain_s), 0.0)
         for i in victims:
             rep = self.replicas[i]
             if rep.state == "booting":
                 self._end_replica(rep, "cancelled")
             else:
                 self._start_drain(rep)
-                self._push(self.t + self.scenario.drain_s, "replica_drained", i)
+                if drain <= 0:
+                    self._end_replica(rep, "scaled_down")
+                else:
+                    self._push(self.t + drain, "replica_drained", i)
         self._routing_dirty = True
         return result(LaunchStatus.LAUNCHED, n)
 
