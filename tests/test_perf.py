@@ -280,3 +280,105 @@ def test_fidelity_returns_finite_medians_below_a_loose_bound():
     assert fig["ttft_median"] < 35.0
     assert fig["tpot_median"] < 35.0
     assert {"pred_ttft_ms", "pred_tpot_ms", "ttft_err_pct", "tpot_err_pct", "split"} <= set(rep.rows.columns)
+
+
+# ---- benchmark emulation: clients, cohorts, arrival jitter, unchunked prompts --------------------------
+def test_step_clock_matches_the_step_model(llama70):
+    sm = step_model(llama70, gpu("H100"), ChainConfig(tp=4, weight_dtype="fp8", kv_dtype="fp8"))
+    ck = sm.clock()
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        pt = float(rng.integers(0, 9000)) * float(rng.random() < 0.6)
+        ps = float(rng.integers(1, 9)) if pt > 0 else 0.0
+        pc = pt * (pt / max(ps, 1.0) / 2 + float(rng.integers(0, 4000))) if pt > 0 else 0.0
+        nd = float(rng.integers(0 if pt > 0 else 1, 600))
+        dc = nd * float(rng.integers(100, 9000))
+        ref = float(sm.step_time([pt], [pc], [nd], [dc], [ps])[0])
+        assert ck(pt, pc, ps, nd, dc) == pytest.approx(ref, rel=0.01)
+    run = ck.decode_run(64, 64 * 2000, 50)
+    ref = sm.step_time(0, None, np.full(50, 64.0), 64 * 2000 + 64.0 * np.arange(50), 0)
+    assert np.allclose(run, ref, rtol=0.01)
+
+
+def _qwen_h100(engine: str, tp: int = 4):
+    from koi.perf import engine_default_config
+
+    g = gpu("H100")
+    return model("qwen3-32b"), g, engine_default_config(engine, g, tp=tp)
+
+
+def test_exact_lengths_keep_the_burst_in_cohorts_and_a_spread_breaks_them():
+    from koi.perf.replay import Harness
+
+    m, g, cfg = _qwen_h100("sglang")
+    exact = closed_loop_estimate(m, g, cfg, 1024, 128, 32, harness=Harness(osl_range=(1.0, 1.0)))
+    spread = closed_loop_estimate(m, g, cfg, 1024, 128, 32, harness=Harness(osl_range=(0.9, 1.1)))
+    # cohorts: every round 32 prompts queue for SGLang's prefill batches together
+    assert exact.ttft_s > 2.5 * spread.ttft_s
+    # exact lengths: the first rounds' TTFT repeats round after round (a cohort pattern)
+    per_round = exact.ttft_all_s.reshape(-1, 32).mean(axis=1)
+    assert np.ptp(per_round[1:]) < 0.05 * per_round[1:].mean()
+
+
+def test_arrival_jitter_keeps_time_and_cohorts_survive_it():
+    from koi.perf.replay import Harness, replay_schedule
+
+    m, g, cfg = _qwen_h100("vllm", tp=2)
+    h = Harness(osl_range=(1.0, 1.0), jitter_s=0.02)
+    sched, w, n, _ = replay_schedule(m, g, cfg, 1024, 128, 16, harness=h)
+    assert np.all((sched.arrival_delay >= 0) & (sched.arrival_delay <= 0.02))
+    assert np.all(sched.arrival_delay[:16] == 0) and sched.arrival_delay[16:].max() > 0
+    assert np.all(sched.first_iter > sched.arrival_iter) and np.all(sched.end_iter >= sched.first_iter)
+    jit = closed_loop_estimate(m, g, cfg, 1024, 128, 16, harness=h)
+    exact = closed_loop_estimate(m, g, cfg, 1024, 128, 16, harness=Harness(osl_range=(1.0, 1.0)))
+    desync = closed_loop_estimate(m, g, cfg, 1024, 128, 16, harness=Harness(osl_range=(0.9, 1.1)))
+    assert math.isfinite(jit.ttft_s) and jit.tpot_s > 0
+    # 20 ms of jitter does not desynchronise the cohorts: TTFT stays near the exact-length one
+    assert abs(jit.ttft_s - exact.ttft_s) < 0.25 * exact.ttft_s
+    assert jit.ttft_s > 1.5 * desync.ttft_s
+
+
+def test_unchunked_prompts_wait_for_an_iteration_with_room():
+    from koi.perf.replay import schedule_closed_loop
+
+    kw = dict(requests=48, budget=4096, max_seqs=256, kv_blocks=100_000, block_size=16, osl_spread=0.0)
+    whole = schedule_closed_loop("trtllm", 12, 1500, 64, chunked=False, **kw)
+    pf = whole.prefill_tokens[whole.prefill_tokens > 0]
+    assert np.all(pf % 1500 == 0) and pf.max() <= 4096
+    chunked = schedule_closed_loop("trtllm", 12, 1500, 64, chunked=True, **kw)
+    assert np.any(chunked.prefill_tokens[chunked.prefill_tokens > 0] % 1500 != 0)
+
+
+def test_rows_carry_the_client_that_measured_them():
+    from koi.perf.fidelity import harness
+
+    rows = silicon_rows()
+    assert set(rows["client"]) == {"genai-perf", "benchmark_serving"}
+    gap = rows[rows["source"].str.contains("aic-auto-gap-analysis")]
+    assert (gap["client"] == "genai-perf").all()
+    assert (rows.loc[rows["model"] == "llama-3.1-70b", "client"] == "benchmark_serving").all()
+    bs = harness("benchmark_serving", "vllm")
+    assert bs.isl_range == (0.8, 1.0) and bs.osl_range == (0.8, 1.0) and bs.warmup_rounds == 0
+    gp = harness("genai-perf", "sglang", spread=0.0)
+    assert gp.isl_range == (1.0, 1.0) and gp.osl_range == (1.0, 1.0) and gp.rounds == 10
+
+
+def test_stored_overheads_carry_front_ends_and_desync_spreads():
+    from koi.perf.overheads import engine_desync_spread, engine_overheads
+
+    for e in ("vllm", "trtllm", "sglang"):
+        assert engine_desync_spread(e) in (0.0, 0.1)
+        assert engine_overheads(e).request_s > 0
+        assert engine_overheads(e, "genai-perf").request_s > 0
+    assert engine_overheads("vllm", "no-such-client") == engine_overheads("vllm")
+
+
+def test_refit_chooses_spreads_and_front_ends_on_fit_rows_only():
+    rows = silicon_rows()
+    sub = rows[(rows["model"] == "qwen3-32b") & (rows["tp"] == 8) & (rows["isl"] == 1024)]
+    rep = fidelity_report(rows=sub, refit=True)
+    for e, d in rep.fitted.items():
+        assert d["_desync_spread"] in (0.0, 0.1)
+        assert set(d["front_end"]) == set(sub.loc[(sub["backend"] == e) & (sub["split"] == "fit"), "client"])
+        assert d["per_step_s"] >= 0 and d["per_seq_s"] >= 0
+    assert rep.summary["holdout"]["n"] > 0

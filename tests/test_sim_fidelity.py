@@ -47,3 +47,39 @@ def test_macro_step_engine_agrees_with_the_iteration_level_replay():
         sim = closed_loop(rank_tables(chain_spec(model, it, cfg, isl + osl)), c, isl, osl)
         assert sim.mean_tpot_s == pytest.approx(ref.tpot_s, rel=0.25), model
         assert sim.mean_ttft_s == pytest.approx(ref.ttft_s, rel=0.6), model
+
+
+def test_prompts_queued_together_get_their_first_tokens_at_their_batch_end():
+    import numpy as np
+
+    from koi.sim.engine import _batch_end
+
+    seg = np.zeros(4, dtype=np.int64)
+    p = np.full(4, 1024.0)
+    s = np.ones(4)
+    S = np.arange(4.0)
+    together = _batch_end(seg, S, S + 1, s, p, np.full(4, 2048.0), np.zeros(4))
+    assert np.allclose(together, [2.0, 2.0, 4.0, 4.0])  # two prompts per batch, both at its end
+    # a prompt that arrived after the one before it started does not share that one's batch
+    apart = _batch_end(seg, S, S + 1, s, p, np.full(4, 2048.0), S)
+    assert np.allclose(apart, S + 1)
+
+
+def test_sglang_cohorts_agree_with_the_iteration_level_replay():
+    """Exact lengths under SGLang: a burst's cohorts queue for prefill batches every round, in both."""
+    from koi import catalog
+    from koi.perf import engine_default_config
+    from koi.perf.replay import Harness, closed_loop_estimate
+    from koi.perf.step import Links
+    from koi.sim.fidelity import closed_loop
+    from koi.sim.physics import chain_spec, rank_tables
+
+    it = catalog.instance("aws", "p5.48xlarge")
+    gpu = catalog.gpu("H100")
+    cfg = engine_default_config("sglang", gpu, tp=4)
+    exact = Harness(osl_range=(1.0, 1.0))
+    ref = closed_loop_estimate(catalog.model("qwen3-32b"), gpu, cfg, 2048, 256, 32, links=Links.for_instance(gpu, it),
+                               harness=exact)  # fmt: skip
+    sim = closed_loop(rank_tables(chain_spec("qwen3-32b", it, cfg, 2048 + 256)), 32, 2048, 256, osl_range=(1.0, 1.0))
+    assert sim.mean_ttft_s == pytest.approx(ref.ttft_s, rel=0.2)
+    assert sim.mean_tpot_s == pytest.approx(ref.tpot_s, rel=0.15)

@@ -36,7 +36,9 @@ The step model (one engine iteration, vectorised over iterations/replicas/candid
 The closed-loop replay (the fidelity harness the simulator reuses)::
 
     closed_loop_estimate(model, gpu, config, isl, osl, concurrency, *, links=None, rounds=10,
-                         osl_spread=0.1, ...) -> ClosedLoopResult   # .ttft_s, .tpot_s, .output_tps ...
+                         harness=None, ...) -> ClosedLoopResult   # .ttft_s, .tpot_s, .output_tps ...
+    Harness(rounds, warmup_rounds, isl_range, osl_range, jitter_s)   # the benchmark client emulated
+    default_harness(engine)   # exact prompts, outputs spread by the engine's fitted desync spread
     schedule_closed_loop(policy, concurrency, isl, osl, *, requests, budget, max_seqs, kv_blocks,
                          block_size, ...) -> Schedule               # scheduling only, no timing
 
@@ -74,7 +76,14 @@ from koi.perf.memory import (
     memory_plan,
 )
 from koi.perf.overheads import EngineOverheads, engine_overheads
-from koi.perf.replay import ClosedLoopResult, Schedule, closed_loop_estimate, schedule_closed_loop
+from koi.perf.replay import (
+    ClosedLoopResult,
+    Harness,
+    Schedule,
+    closed_loop_estimate,
+    default_harness,
+    schedule_closed_loop,
+)
 from koi.perf.step import Links, StepBreakdown, StepModel, step_model
 from koi.perf.tables import OpTables, load_tables
 
@@ -97,6 +106,8 @@ __all__ = [
     "SystemSpec",
     "check_feasible",
     "closed_loop_estimate",
+    "default_harness",
+    "Harness",
     "engine_default_config",
     "engine_overheads",
     "fidelity_report",

@@ -18,15 +18,39 @@ validating on Llama-3.1, mostly measures the difference between the benchmark ha
 that produced the two families' rows: 37% median TTFT error (15% TPOT) on the Llama rows;
 ``split="family"`` reproduces it.)
 
-The emulated benchmark (:mod:`koi.perf.replay`) has two harness choices: 10 requests per
-client (the common ``num_prompts = 10 × concurrency``, fixed a priori) and a ±10% spread of
-output lengths, chosen on the fit rows (median TTFT error there: fixed lengths ~38%, ±10%
-~27%, ±25% ~28%).
+**The benchmark clients.** Two measurement campaigns produced the rows, and each row is
+replayed under the client that measured it (:func:`harness`, chosen by the row's
+``silicon_data_source`` provenance, :func:`client_of`):
 
-The fit is linear in the constants because a closed-loop schedule does not depend on time:
-each row's mean TTFT and TPOT are ``base + Σ_k c_k · F_k`` with per-iteration features
-(1, sequences) plus a per-request TTFT constant, so fitting is a small non-negative robust
-least squares on log-ratios of TTFT and TPOT (``scipy.optimize.least_squares``, soft-L1).
+- ``genai-perf`` — aiconfigurator's own evaluation (``aiconfigurator eval``; the
+  ``aic-auto-gap-analysis`` files: Qwen3-32B on all three engines, Llama-3.1-8B): synthetic
+  prompts of exactly isl tokens, outputs forced to exactly osl (``ignore_eos``), 10 ×
+  concurrency measured requests opening with their own burst (the warm-up requests finish
+  first);
+- ``benchmark_serving`` — every other row (here the Llama-3.1-70B rows: an InferenceMAX-style
+  sweep of 1k/1k, 1k/8k, 8k/1k at concurrency 4–128), emulated as that sweep's published
+  client: vLLM's ``benchmark_serving.py`` random dataset with ``--random-range-ratio 0.8``,
+  i.e. prompt and output lengths uniform in [0.8·len, len], ``num_prompts = 10 ×
+  concurrency``, request rate inf.
+
+With exact lengths the clients of the initial burst stay in cohorts for good in every
+engine's replay (:mod:`koi.perf.replay`). The measured SGLang clients do (their TTFT grows
+linearly with concurrency, every round queueing the whole cohort for SGLang's separate
+prefill batches); the measured vLLM and TRT-LLM clients do not (their TTFT is 2–3× below the
+cohort prediction). The mechanism that desynchronises them is not identified (arrival jitter
+up to ~0.1 s does not, in the replay); it is emulated by output lengths spread ±10% around
+osl — a per-engine choice between exact and ±10% made on the fit rows by
+:func:`fit_harness` (it picks exact for SGLang, ±10% for vLLM and TRT-LLM) and stored with
+the overheads.
+
+**The fitted constants** (:mod:`koi.perf.overheads`): per engine, the per-iteration
+overheads (``per_step_s``, ``per_seq_s``), and the serving front end's per-request time
+``request_s`` per client (``front_end``: the two campaigns reached the engines through
+different front ends); the fit is linear in them because a closed-loop schedule does not
+depend on time: each row's mean TTFT and TPOT are ``base + Σ_k c_k · F_k`` with per-iteration
+features (1, sequences) plus the per-request TTFT constant, so fitting is a small
+non-negative robust least squares on log-ratios of TTFT and TPOT
+(``scipy.optimize.least_squares``, soft-L1).
 
 Reproduce: ``.venv/bin/python benchmarks/perf_step_bench.py --fidelity`` (or
 ``fidelity_report()``); refit with ``--fit`` (rewrites ``koi/perf/data/engine_overheads.yaml``).
@@ -38,7 +62,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from datetime import date
-from functools import cache
+from functools import cache, partial
 from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,8 +73,8 @@ import pandas as pd
 from koi.domain import ChainConfig, DType, GpuSpec, ModelArch
 from koi.logging import get_logger
 from koi.perf.aic import package_version, silicon_csv
-from koi.perf.overheads import EngineOverheads, clear_cache
-from koi.perf.replay import DEFAULT_OSL_SPREAD, DEFAULT_ROUNDS, replay_schedule
+from koi.perf.overheads import EngineOverheads, clear_cache, engine_desync_spread
+from koi.perf.replay import DEFAULT_OSL_SPREAD, DEFAULT_ROUNDS, Harness, replay_schedule
 from koi.perf.step import StepModel, step_model
 
 log = get_logger(__name__)
@@ -137,9 +161,11 @@ def silicon_rows() -> pd.DataFrame:
             "concurrency": df["batch_size"].astype(int),
             "ttft_ms": df["silicon_ttft_ms"].astype(float),
             "tpot_ms": df["silicon_tpot_ms"].astype(float),
+            "source": df["silicon_data_source"].fillna("").astype(str),
         }
     )
     out["family"] = np.where(out["model"].str.startswith("qwen3"), "qwen3", "llama3")
+    out["client"] = out["source"].map(client_of)
     out = out.reset_index(drop=True)
     return assign_split(out, "hash")
 
@@ -177,6 +203,45 @@ def _row_setup(row) -> tuple[ModelArch, GpuSpec, ChainConfig, str]:
     return m, g, cfg, mode
 
 
+# ---- the benchmark clients that measured the rows ----------------------------------------------------
+#: candidate output-length spreads of the genai-perf client per engine (the desynchronisation choice,
+#: made on the fit split: see :func:`fit_harness`)
+DESYNC_SPREADS = (0.0, DEFAULT_OSL_SPREAD)
+
+
+def harness(client: str, engine: str, *, spread: float | None = None, jitter_s: float = 0.0) -> Harness:
+    """The benchmark client ``client`` as run against ``engine`` (see the module docstring).
+
+    - ``"genai-perf"``: aiconfigurator's evaluation client (``aiconfigurator eval`` → genai-perf/aiperf):
+      synthetic prompts of exactly isl tokens, outputs forced to osl (ignore_eos), 10 × concurrency
+      measured requests. Its 2 × concurrency warm-up requests finish before the measured ones
+      start, so the measured run opens with its own burst (on the fit rows, excluding the burst
+      instead — warm-up flowing into the measurement — raises the median TTFT error from ~20% to
+      ~34%). Output lengths vary by the engine's fitted ``spread`` (0: exact, the clients stay in
+      the cohorts of the burst; 0.1: the ±10% that desynchronises them; :func:`fit_harness`).
+    - ``"benchmark_serving"``: vLLM's benchmark_serving, random dataset, ``--random-range-ratio 0.8``
+      (prompt and output lengths uniform in [0.8·len, len]), ``num_prompts = 10 × concurrency``,
+      request rate inf, no warm-up.
+    """
+    if client == "genai-perf":
+        sp = engine_desync_spread(engine) if spread is None else spread
+        return Harness(client, rounds=10, warmup_rounds=0, isl_range=(1.0, 1.0), osl_range=(1.0 - sp, 1.0 + sp),
+                       jitter_s=jitter_s)  # fmt: skip
+    if client == "benchmark_serving":
+        return Harness(client, rounds=10, warmup_rounds=0, isl_range=(0.8, 1.0), osl_range=(0.8, 1.0),
+                       jitter_s=jitter_s)  # fmt: skip
+    raise ValueError(f"unknown benchmark client {client!r}")
+
+
+def client_of(source: str) -> str:
+    """Which client measured a row, from its ``silicon_data_source`` provenance."""
+    return "genai-perf" if "aic-auto-gap-analysis" in source else "benchmark_serving"
+
+
+def row_harness(row, **kw) -> Harness:
+    return harness(client_of(str(getattr(row, "source", ""))), str(row.backend), **kw)
+
+
 # ---- one row, linear in the overhead constants ---------------------------------------------------
 @dataclass
 class RowLinear:
@@ -195,14 +260,24 @@ class RowLinear:
 
 
 def row_linear(
-    row, *, rounds: int | None = DEFAULT_ROUNDS, osl_spread: float = DEFAULT_OSL_SPREAD
+    row,
+    *,
+    rounds: int | None = DEFAULT_ROUNDS,
+    osl_spread: float | None = None,
+    harness: Harness | None = None,
+    spreads: dict[str, float] | None = None,
 ) -> RowLinear:
-    """Replay one silicon row once; its mean TTFT and TPOT as linear functions of the overheads."""
+    """Replay one silicon row once; its mean TTFT and TPOT as linear functions of the overheads.
+
+    ``harness`` defaults to the row's own (:func:`row_harness`), with the engine's desynchronisation
+    spread from ``spreads`` when given (else the stored one)."""
     m, g, cfg, mode = _row_setup(row)
     sm: StepModel = step_model(m, g, cfg, gemm_mode=mode)
+    h = harness or row_harness(row, spread=(spreads or {}).get(str(row.backend)))
     sched, w, n, cap = replay_schedule(
-        m, g, cfg, int(row.isl), int(row.osl), int(row.concurrency), rounds=rounds, osl_spread=osl_spread
-    )
+        m, g, cfg, int(row.isl), int(row.osl), int(row.concurrency), rounds=rounds, osl_spread=osl_spread,
+        harness=h, step=sm,
+    )  # fmt: skip
     base = sm.step_time(sched.prefill_tokens, sched.prefill_ctx_sum, sched.decode_seqs, sched.decode_ctx_sum,
                         sched.prefill_seqs, overheads=EngineOverheads())  # fmt: skip
     f4 = sched.features()
@@ -210,6 +285,7 @@ def row_linear(
     # columns in FEATURES order: step, seq, prefill-layer, prefill-token, request
     feats = np.column_stack([f4[:, 0], f4[:, 1], f4[:, 2] * layers, f4[:, 3], np.zeros(len(f4))])
     cum_base = np.concatenate([[0.0], np.cumsum(base)])
+    delay = np.zeros(len(sched.osl)) if sched.arrival_delay is None else sched.arrival_delay
     cum_f = np.vstack([np.zeros((1, feats.shape[1])), np.cumsum(feats, axis=0)])
     a = sched.arrival_iter + 1  # index into the cumulative sums (0 = time zero)
     f = sched.first_iter + 1
@@ -220,7 +296,7 @@ def row_linear(
     tpot_b = (cum_base[e] - cum_base[f]) / d
     tpot_f = (cum_f[e] - cum_f[f]) / d[:, None]
     return RowLinear(
-        float(w @ (cum_base[f] - cum_base[a])), w @ ttft_f, float(w @ tpot_b), w @ tpot_f,
+        float(w @ (cum_base[f] - cum_base[a] - delay)), w @ ttft_f, float(w @ tpot_b), w @ tpot_f,
         sched.iterations, sched.preemptions, cap,
     )  # fmt: skip
 
@@ -248,30 +324,39 @@ def _summarise(df: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def _overhead_vector(backend: str, table: dict[str, EngineOverheads] | None) -> np.ndarray:
+def _overhead_vector(backend: str, client: str, table: dict[str, dict] | None) -> np.ndarray:
     from koi.perf.overheads import engine_overheads
 
-    o = (table or {}).get(backend) or engine_overheads(backend)
+    fitted = (table or {}).get(backend)
+    if fitted is not None:
+        c = np.array([float(fitted.get(k, 0.0)) for k in FEATURES])
+        c[FEATURES.index("request_s")] = float(
+            fitted.get("front_end", {}).get(client, fitted.get("request_s", 0.0))
+        )
+        return c
+    o = engine_overheads(backend, client)
     return np.array([getattr(o, k) for k in FEATURES])
 
 
-def _row_linear_safe(row) -> RowLinear | str:
+def _row_linear_safe(row, spreads: dict[str, float] | None = None) -> RowLinear | str:
     try:
-        return row_linear(row)
+        return row_linear(row, spreads=spreads)
     except Exception as exc:  # an infeasible row is reported, not fatal
         return f"{type(exc).__name__}: {exc}"
 
 
-def replay_rows(rows: pd.DataFrame, *, workers: int = 1) -> dict[str, RowLinear | str]:
+def replay_rows(rows: pd.DataFrame, *, workers: int = 1, spreads: dict[str, float] | None = None
+                ) -> dict[str, RowLinear | str]:  # fmt: skip
     """:func:`row_linear` of every row (or the error that row raised), by row id."""
     items = [SimpleNamespace(**r) for r in rows.to_dict("records")]  # picklable for worker processes
+    fn = partial(_row_linear_safe, spreads=spreads)
     if workers > 1 and len(items) > 8:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(_row_linear_safe, items, chunksize=8))
+            results = list(pool.map(fn, items, chunksize=8))
     else:
-        results = [_row_linear_safe(r) for r in items]
+        results = [fn(r) for r in items]
     return {r.id: res for r, res in zip(items, results, strict=True)}
 
 
@@ -279,7 +364,7 @@ def fidelity_report(
     rows: pd.DataFrame | None = None,
     *,
     split: str = "hash",
-    overheads: dict[str, EngineOverheads] | None = None,
+    overheads: dict[str, dict] | None = None,
     refit: bool = False,
     limit: int | None = None,
     seed: int = 0,
@@ -287,22 +372,28 @@ def fidelity_report(
 ) -> FidelityReport:
     """Replay the silicon rows; median and p90 absolute % error of mean TTFT and TPOT per split.
 
-    ``overheads`` overrides the stored per-engine constants; ``refit`` fits them afresh on the
-    ``fit`` rows of ``split`` first (``report.fitted``); ``limit`` replays a deterministic random
-    sample of that many rows (quick checks); ``workers`` > 1 replays in processes.
+    ``overheads`` overrides the stored per-engine constants ({engine: {constant: value, "front_end":
+    {client: seconds}}}, as :func:`fit_overheads` returns them); ``refit`` fits afresh on the ``fit``
+    rows of ``split`` first — the desynchronisation choice (:func:`fit_harness`), then the constants
+    (``report.fitted``); ``limit`` replays a deterministic random sample of that many rows (quick
+    checks); ``workers`` > 1 replays in processes.
     """
     df = assign_split(silicon_rows() if rows is None else rows, split)
     if limit is not None and limit < len(df):
         df = df.sample(n=limit, random_state=seed).sort_index()
-    lins = replay_rows(df, workers=workers)
     fitted: dict[str, dict] = {}
+    spreads = None
+    if refit:
+        spreads, spread_stats = fit_harness(df, workers=workers)
+    lins = replay_rows(df, workers=workers, spreads=spreads)
     if refit:
         ok_lins = {k: v for k, v in lins.items() if not isinstance(v, str)}
         fitted = fit_overheads(df[df["id"].isin(ok_lins)], lins=ok_lins)
-        overheads = {
-            e: EngineOverheads(**{k: v for k, v in d.items() if not k.startswith("_")})
-            for e, d in fitted.items()
-        }
+        for e, sp in spreads.items():
+            if e in fitted:
+                fitted[e]["_desync_spread"] = sp
+                fitted[e]["_desync_cost"] = spread_stats.get(e, {})
+        overheads = fitted
     out = []
     for row in df.itertuples(index=False):
         lin = lins[row.id]
@@ -310,7 +401,7 @@ def fidelity_report(
             log.warning("fidelity_row_failed", id=row.id, error=lin)
             out.append({**row._asdict(), "pred_ttft_ms": math.nan, "pred_tpot_ms": math.nan, "error": lin})
             continue
-        ttft, tpot = lin.predict(_overhead_vector(row.backend, overheads))
+        ttft, tpot = lin.predict(_overhead_vector(row.backend, row.client, overheads))
         out.append(
             {
                 **row._asdict(),
@@ -329,11 +420,13 @@ def fidelity_report(
     summary = {"all": _summarise(ok)}
     for sp in ("fit", "holdout"):
         summary[sp] = _summarise(ok[ok["split"] == sp])
-    summary["holdout:vllm+trtllm"] = _summarise(
-        ok[(ok["split"] == "holdout") & ok["backend"].isin(["vllm", "trtllm"])]
-    )
+    hold = ok[ok["split"] == "holdout"]
+    summary["holdout:vllm+trtllm"] = _summarise(hold[hold["backend"].isin(["vllm", "trtllm"])])
     for backend in sorted(ok["backend"].unique()):
         summary[f"backend:{backend}"] = _summarise(ok[ok["backend"] == backend])
+        summary[f"holdout:backend:{backend}"] = _summarise(hold[hold["backend"] == backend])
+    for model in sorted(ok["model"].unique()):
+        summary[f"holdout:model:{model}"] = _summarise(hold[hold["model"] == model])
     summary["failed"] = {"n": int((res["error"] != "").sum())}
     return FidelityReport(rows=res, summary=summary, fitted=fitted)
 
@@ -347,15 +440,23 @@ def fidelity_summary(**kwargs) -> dict[str, dict[str, float]]:
 def fit_overheads(
     rows: pd.DataFrame | None = None, *, features: tuple[str, ...] = FIT_FEATURES, lins: dict | None = None
 ) -> dict[str, dict]:
-    """Fit per-engine overheads on the rows labelled ``fit``; returns {engine: {constant: value, _stats}}."""
+    """Fit per-engine overheads on the rows labelled ``fit``; returns {engine: {constant: value, _stats}}.
+
+    The per-iteration constants are the engine's; ``request_s`` (the serving front end: HTTP,
+    tokenisation, first-token detokenisation and streaming) is fitted per benchmark client too
+    (``front_end``: the two measurement campaigns served the engines through different front
+    ends), and ``request_s`` itself is the engine's own OpenAI server's (the ``benchmark_serving``
+    campaign) where the engine has such rows, else its only client's.
+    """
     from scipy.optimize import least_squares
 
     df = silicon_rows() if rows is None else rows
     fit = df[df["split"] == "fit"]
-    idx = [FEATURES.index(f) for f in features]
+    step_feats = [f for f in features if f != "request_s"]
+    idx = [FEATURES.index(f) for f in step_feats]
     result: dict[str, dict] = {}
     for backend, sub in fit.groupby("backend"):
-        ls, meas = [], []
+        ls, meas, cl = [], [], []
         for row in sub.itertuples(index=False):
             lin = (lins or {}).get(row.id)
             if lin is None:
@@ -366,8 +467,12 @@ def fit_overheads(
                     continue
             ls.append(lin)
             meas.append((row.ttft_ms / 1e3, row.tpot_ms / 1e3))
+            cl.append(str(getattr(row, "client", client_of(str(getattr(row, "source", ""))))))
         if not ls:
             continue
+        clients = sorted(set(cl))
+        onehot = np.eye(len(clients))[[clients.index(c) for c in cl]] if "request_s" in features else None
+        k = len(idx)
         tb = np.array([r.ttft_base for r in ls])
         tf = np.array([r.ttft_f[idx] for r in ls])
         pb = np.array([r.tpot_base for r in ls])
@@ -375,20 +480,55 @@ def fit_overheads(
         mt = np.array([m[0] for m in meas])
         mp = np.array([m[1] for m in meas])
 
-        def resid(c: np.ndarray, tb=tb, tf=tf, mt=mt, pb=pb, pf=pf, mp=mp) -> np.ndarray:
-            return np.concatenate([np.log((tb + tf @ c) / mt), np.log((pb + pf @ c) / mp)])
+        def resid(c: np.ndarray, tb=tb, tf=tf, mt=mt, pb=pb, pf=pf, mp=mp, oh=onehot, k=k) -> np.ndarray:
+            t = tb + tf @ c[:k] + (oh @ c[k:] if oh is not None else 0.0)
+            return np.concatenate([np.log(t / mt), np.log((pb + pf @ c[:k]) / mp)])
 
-        x0 = np.array([{"per_step_s": 1e-3, "request_s": 2e-2}.get(f, 1e-5) for f in features])
+        x0 = np.array([{"per_step_s": 1e-3}.get(f, 1e-5) for f in step_feats]
+                      + ([2e-2] * len(clients) if onehot is not None else []))  # fmt: skip
         sol = least_squares(resid, x0, bounds=(0.0, np.inf), loss="soft_l1", f_scale=0.1, x_scale=x0)
         r = resid(sol.x)
         n = len(ls)
+        fe = {c: float(v) for c, v in zip(clients, sol.x[k:], strict=True)}
+        out = {f: float(v) for f, v in zip(step_feats, sol.x[:k], strict=True)}
+        if fe:
+            out["request_s"] = fe.get("benchmark_serving", next(iter(fe.values())))
+            out["front_end"] = fe
         result[str(backend)] = {
-            **{f: float(v) for f, v in zip(features, sol.x, strict=True)},
+            **out,
             "_rows": n,
+            "_cost": float(sol.cost),
             "_ttft_median_pct": float(np.median(np.abs(np.expm1(r[:n]))) * 100),
             "_tpot_median_pct": float(np.median(np.abs(np.expm1(r[n:]))) * 100),
         }
     return result
+
+
+def fit_harness(
+    rows: pd.DataFrame | None = None, *, candidates: tuple[float, ...] = DESYNC_SPREADS, workers: int = 1
+) -> tuple[dict[str, float], dict[str, dict]]:
+    """Choose, per engine and on the ``fit`` rows only, how its genai-perf clients (de)synchronise.
+
+    That client asks for exact lengths, so a replay with exact lengths keeps the clients of the
+    initial burst in cohorts forever (the emulated engines' own dynamics: arrival jitter does
+    not break them — :class:`~koi.perf.replay.Harness` ``jitter_s``); measured engines may
+    nonetheless run desynchronised. Each candidate output-length spread (0 = cohorts kept,
+    0.1 = the ±10% that desynchronises a closed loop) is replayed on the engine's fit rows with
+    its overheads refitted; the spread with the lowest robust fit cost wins. Returns
+    ({engine: spread}, {engine: {spread: cost}}).
+    """
+    df = silicon_rows() if rows is None else rows
+    fit = df[(df["split"] == "fit") & (df["client"] == "genai-perf")]
+    costs: dict[str, dict] = {}
+    for sp in candidates:
+        spreads = {e: sp for e in fit["backend"].unique()}
+        lins = replay_rows(fit, workers=workers, spreads=spreads)
+        ok = {k: v for k, v in lins.items() if not isinstance(v, str)}
+        fitted = fit_overheads(fit[fit["id"].isin(ok)], lins=ok)
+        for e, d in fitted.items():
+            costs.setdefault(e, {})[float(sp)] = d["_cost"]
+    chosen = {e: min(c, key=c.get) for e, c in costs.items()}
+    return chosen, costs
 
 
 def write_overheads(fitted: dict[str, dict], path: Path | None = None) -> Path:
@@ -396,7 +536,10 @@ def write_overheads(fitted: dict[str, dict], path: Path | None = None) -> Path:
     import yaml
 
     target = path or Path(str(resources.files("koi.perf").joinpath("data"))) / "engine_overheads.yaml"
-    engines = {e: {k: v for k, v in d.items() if not k.startswith("_")} for e, d in fitted.items()}
+    keep = {"per_step_s", "per_seq_s", "per_prefill_layer_s", "per_prefill_token_s", "request_s"}
+    engines = {e: {k: v for k, v in d.items() if k in keep} for e, d in fitted.items()}
+    front = {e: d["front_end"] for e, d in fitted.items() if d.get("front_end")}
+    spreads = {e: float(d["_desync_spread"]) for e, d in fitted.items() if "_desync_spread" in d}
     fit_stats = {e: {k[1:]: v for k, v in d.items() if k.startswith("_")} for e, d in fitted.items()}
     doc = {
         "provenance": {
@@ -407,16 +550,21 @@ def write_overheads(fitted: dict[str, dict], path: Path | None = None) -> Path:
             "out and give the validation figure",
             "features": list(FIT_FEATURES),
             "objective": "robust (soft-L1) least squares on log(predicted/measured) of mean TTFT and TPOT, "
-            "constants >= 0",
-            "by": "koi.perf.fidelity.fit_overheads",
+            "constants >= 0; request_s per benchmark client (front_end), request_s = the engine's own server's",
+            "harness": "desync_spread per engine chosen among "
+            f"{list(DESYNC_SPREADS)} by the lowest fit cost on the genai-perf fit rows (fit_harness)",
+            "by": "koi.perf.fidelity.fidelity_report(refit=True)",
             "fit_stats": fit_stats,
         },
         "engines": engines,
+        "front_end": front,
+        "harness": {"desync_spread": spreads},
     }
     target.parent.mkdir(parents=True, exist_ok=True)
     header = (
         "# Engine overheads per iteration (seconds), FITTED by koi.perf.fidelity.fit_overheads on a held-out\n"
-        "# split of aiconfigurator-core's measured silicon_sample.csv. Do not edit by hand; refit with\n"
+        "# split of aiconfigurator-core's measured silicon_sample.csv, with the per-engine client\n"
+        "# desynchronisation choice of koi.perf.fidelity.fit_harness. Do not edit by hand; refit with\n"
         "#   .venv/bin/python benchmarks/perf_step_bench.py --fit\n"
     )
     target.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")

@@ -14,7 +14,9 @@ Model (per engine iteration, per DP rank)::
                + per_prefill_token_s · prefill_tokens
 
 plus, outside the engine, ``request_s`` added to every request's TTFT (the serving
-front end: HTTP, tokenisation, first-token detokenisation and streaming). The per-layer
+front end: HTTP, tokenisation, first-token detokenisation and streaming) — the engine's own
+OpenAI server's; the front ends the measured benchmark clients went through are fitted
+separately (``front_end`` in the yaml; :func:`engine_overheads` with ``client``). The per-layer
 prefill term is the CPU dispatch of iterations that run outside CUDA graphs (mixed
 prefill batches launch every layer's kernels from Python), so it scales with depth.
 """
@@ -52,11 +54,28 @@ def _load() -> dict[str, Any]:
     return yaml.safe_load(text) or {}
 
 
-def engine_overheads(engine: str) -> EngineOverheads:
-    """The fitted overheads of ``engine`` (vllm, sglang, trtllm); zeros when none are fitted."""
-    row = (_load().get("engines") or {}).get(engine) or {}
+def engine_overheads(engine: str, client: str | None = None) -> EngineOverheads:
+    """The fitted overheads of ``engine`` (vllm, sglang, trtllm); zeros when none are fitted.
+
+    ``request_s`` is the engine's own OpenAI server's front-end time; with ``client`` (a
+    benchmark client of :mod:`koi.perf.fidelity`) it is the front end that client measured
+    through, when one was fitted.
+    """
+    doc = _load()
+    row = dict((doc.get("engines") or {}).get(engine) or {})
+    fe = ((doc.get("front_end") or {}).get(engine) or {}).get(client) if client else None
+    if fe is not None:
+        row["request_s"] = fe
     keys = EngineOverheads.__dataclass_fields__
     return EngineOverheads(**{k: float(v) for k, v in row.items() if k in keys})
+
+
+def engine_desync_spread(engine: str) -> float:
+    """The fitted output-length spread that emulates how ``engine``'s closed-loop clients
+    (de)synchronise under an exact-length benchmark (see :func:`koi.perf.fidelity.fit_harness`);
+    ±10% when none is fitted."""
+    row = ((_load().get("harness") or {}).get("desync_spread") or {}).get(engine)
+    return 0.1 if row is None else float(row)
 
 
 def overheads_provenance() -> dict[str, Any]:

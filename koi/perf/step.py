@@ -50,6 +50,8 @@ fp8 ``kv_cache_dtype`` attention rows.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
@@ -395,6 +397,125 @@ class StepModel:
         return self.breakdown(prefill_tokens, prefill_ctx_sum, decode_seqs, decode_ctx_sum, prefill_seqs,
                               microbatches, overheads).total  # fmt: skip
 
+    def clock(self, overheads: EngineOverheads | None = None) -> StepClock:
+        """A scalar-speed :meth:`step_time` for schedulers that need time while they schedule."""
+        return StepClock(self, overheads)
+
+
+class StepClock:
+    """Seconds of one iteration from scalar inputs, fast enough to call once per scheduled iteration.
+
+    Same cost model as :meth:`StepModel.breakdown` (pp = 1): every curve of the model is tabulated
+    once with the vectorised model — the per-layer dense part (GEMMs, element-wise, MoE,
+    all-reduces), LM head and embedding over tokens, prefill attention over (sequences, equivalent
+    length), decode attention over (sequences, mean context) — and read back by (bi)linear
+    interpolation in log space, which the grids' own log-log interpolation makes near-exact
+    (within ~1%). Pipelines (pp > 1) are timed with the vectorised model itself, one call per
+    iteration. Used by :mod:`koi.perf.replay` to place arrivals that depend on time; the replay's
+    reported latencies always come from :meth:`StepModel.step_time`.
+    """
+
+    _NPF = np.array([1.0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024])
+    _LEN = np.geomspace(1.0, 2.0**21, 169)
+    _NB = np.unique(np.round(np.geomspace(1.0, 8192.0, 90)))
+
+    def __init__(self, sm: StepModel, overheads: EngineOverheads | None = None):
+        self.sm = sm
+        o = sm.overheads if overheads is None else overheads
+        self.o = (
+            o.per_step_s,
+            o.per_seq_s,
+            o.per_prefill_token_s,
+            o.per_prefill_layer_s * sm.layout.max_stage_layers,
+        )
+        self.pp = sm.layout.pp
+        if self.pp > 1:
+            return
+        M = _M_GRID
+        dense = sum(
+            sm._curve(c, M)
+            for c in (sm._layer_gemm, sm._layer_ew, sm._layer_moe, sm._layer_comm)
+            if c is not None
+        )
+        L = float(sm.model.num_layers)
+        self._lm_ = _LOG_M.tolist()
+        self._m_max = float(_M_GRID[-1])
+        self._dense = np.log(L * dense).tolist()
+        self._head = np.log(sm._curve(sm._lm, M)).tolist()
+        self._emb = np.log(sm._curve(sm._embed, M)).tolist()
+        ls = np.log(self._LEN).tolist()
+        ctx = np.log(L * np.asarray(sm._ctx(self._NPF[:, None], self._LEN[None, :]), dtype=float))
+        self._ctx = (np.log(self._NPF).tolist(), ls, ctx.tolist())
+        gen = np.log(L * np.asarray(sm._gen(self._NB[:, None], self._LEN[None, :]), dtype=float))
+        self._gen = (np.log(self._NB).tolist(), ls, gen.tolist())
+
+    @staticmethod
+    def _bilinear(tab: tuple[list, list, list], x: float, y: float) -> float:
+        ax, ay, v = tab
+        lx, ly = math.log(max(x, 1e-9)), math.log(max(y, 1e-9))
+        i = min(max(bisect_right(ax, lx) - 1, 0), len(ax) - 2)
+        j = min(max(bisect_right(ay, ly) - 1, 0), len(ay) - 2)
+        fx = min(max((lx - ax[i]) / (ax[i + 1] - ax[i]), 0.0), 1.0)
+        fy = min(max((ly - ay[j]) / (ay[j + 1] - ay[j]), 0.0), 1.0)
+        r0, r1 = v[i], v[i + 1]
+        r = (1 - fx) * ((1 - fy) * r0[j] + fy * r0[j + 1]) + fx * ((1 - fy) * r1[j] + fy * r1[j + 1])
+        # beyond the largest tabulated value: linear in sequences, as the tables extrapolate sizes
+        return math.exp(r) * (x / math.exp(ax[-1]) if lx > ax[-1] else 1.0)
+
+    def _one(self, log_tab: list, m: float) -> float:
+        if m <= 0:
+            return 0.0
+        lm, ax = math.log(m), self._lm_
+        i = min(max(bisect_right(ax, lm) - 1, 0), len(ax) - 2)
+        f = min(max((lm - ax[i]) / (ax[i + 1] - ax[i]), 0.0), 1.0)
+        out = math.exp(log_tab[i] + f * (log_tab[i + 1] - log_tab[i]))
+        return out * (m / self._m_max) if m > self._m_max else out
+
+    def decode_run(self, decode_seqs: int, decode_ctx_sum: int, k: int) -> np.ndarray:
+        """Seconds of ``k`` decode-only iterations of ``decode_seqs`` sequences, the j-th at context
+        sum ``decode_ctx_sum + j · decode_seqs`` (vectorised)."""
+        n = float(decode_seqs)
+        ctx = decode_ctx_sum + n * np.arange(k, dtype=float)
+        if self.pp > 1 or n <= 0:
+            return np.asarray(self.sm.step_time(0, None, np.full(k, n), ctx, 0), dtype=float)
+        base = self._one(self._dense, n) + self._one(self._emb, n) + self._one(self._head, n)
+        ps, pq, _, _ = self.o
+        base += ps + pq * n
+        ax, ay, v = self._gen
+        lx = math.log(n)
+        i = min(max(bisect_right(ax, lx) - 1, 0), len(ax) - 2)
+        fx = min(max((lx - ax[i]) / (ax[i + 1] - ax[i]), 0.0), 1.0)
+        ly = np.log(np.maximum(ctx / n, 1.0))
+        row = (1 - fx) * np.interp(ly, ay, v[i]) + fx * np.interp(ly, ay, v[i + 1])
+        scale = n / math.exp(ax[-1]) if lx > ax[-1] else 1.0
+        return base + np.exp(row) * scale
+
+    def __call__(self, prefill_tokens: float, prefill_ctx_sum: float, prefill_seqs: float, decode_seqs: float,
+                 decode_ctx_sum: float) -> float:  # fmt: skip
+        """Seconds of one iteration (see :meth:`StepModel.breakdown` for the inputs)."""
+        m = prefill_tokens + decode_seqs
+        if m <= 0:
+            return 0.0
+        if self.pp > 1:
+            return float(self.sm.step_time(np.array([prefill_tokens]), np.array([prefill_ctx_sum]),
+                                           np.array([decode_seqs]), np.array([decode_ctx_sum]),
+                                           np.array([prefill_seqs]))[0])  # fmt: skip
+        t = (
+            self._one(self._dense, m)
+            + self._one(self._emb, m)
+            + self._one(self._head, prefill_seqs + decode_seqs)
+        )
+        if prefill_seqs > 0:
+            t += self._bilinear(
+                self._ctx, prefill_seqs, math.sqrt(2.0 * max(prefill_ctx_sum, 1.0) / prefill_seqs)
+            )
+        if decode_seqs > 0:
+            nb = max(decode_seqs, 1.0)
+            t += self._bilinear(self._gen, nb, max(decode_ctx_sum / nb, 1.0))
+        ps, pq, pt, pl = self.o
+        t += ps + pq * (prefill_seqs + decode_seqs) + pt * prefill_tokens + (pl if prefill_seqs > 0 else 0.0)
+        return t
+
 
 @lru_cache(maxsize=256)
 def _cached(model_json: str, gpu_json: str, config_json: str, links: Links | None, gemm_mode: str | None,
@@ -425,4 +546,4 @@ def step_model(
     )
 
 
-__all__ = ["Links", "StepBreakdown", "StepModel", "step_model"]
+__all__ = ["Links", "StepBreakdown", "StepClock", "StepModel", "step_model"]

@@ -27,8 +27,11 @@ replicas or requests):
   rides in (``C`` = prefill tokens per iteration). Completion times follow the Lindley
   recursion ``D_j = max(r_j + u, D_{j−1}) + s_j``, solved for all engines at once with a
   segmented cumulative maximum; ``u = τ/2`` is the expected wait for the iteration in
-  flight when the engine is busy. The first token is sampled at the end of the
-  iteration that finishes the prefill: ``D_j + τ·(1 − min(p_j, C)/C)``;
+  flight when the engine is busy. The first token is sampled at the end of the iteration
+  that finishes the prefill: for a prompt alone ``D_j + τ·(1 − min(p_j, C)/C)``; for
+  back-to-back prompts (an iteration takes ``C`` of their tokens, the last prompt chunked),
+  when the server's fluid token count reaches the next multiple of ``C`` — prompts sharing an
+  iteration finish together at its end, as in the iteration-level replay;
 - decoding sequences advance on a per-engine *decode clock* ``G(t)``: the part of the
   step not spent on prefill work. While request ``j`` is prefilled (``[D_j − s_j, D_j]``)
   the clock runs at ``1 − w_j/s_j`` (at 0 under SGLang's prefill-first), otherwise at 1;
@@ -41,8 +44,9 @@ replicas or requests):
 Errors of this closed form (measured by ``koi sim fidelity`` and against koi/perf's
 iteration-level replay in the tests): ``τ`` is evaluated for the step-start batch, so
 sequences joining or leaving change it one step late; preemption is applied at step
-ends; prefill completion is fluid (two prompts sharing an iteration complete one after
-the other instead of together at its end).
+ends; prefill work is fluid (a prompt's first token is placed at the end of its iteration,
+but the decode clock of the prompts before it in that iteration starts at their own share's
+end).
 """
 
 from __future__ import annotations
@@ -440,7 +444,12 @@ class Engine:
             q["prem"][fin_pre] = 0.0
             q["state"][fin_pre] = DECODE
             cd = cq[done]
-            f = D[done] + np.where(sg[done], 0.0, tq[done] * (1.0 - np.minimum(p[done], cd) / cd))
+            # the first token is sampled when the iteration holding the prompt's last token ends:
+            # with back-to-back prompts, when the server's token count reaches the next multiple
+            # of the chunk (prompts sharing an iteration finish together at its end); alone, its
+            # own share of the work plus the rest of that iteration
+            end_it = _batch_end(qrep, S, D, s, p, cq, rel + u + t0)[done]
+            f = np.maximum(end_it, D[done] + base_it[done] * (1.0 - np.minimum(p[done], cd) / cd))
             had = ~np.isnan(q["ftok"][fin_pre])
             new_first = fin_pre[~had]
             q["ftok"][new_first] = f[~had]
@@ -781,6 +790,36 @@ def _segment_rank(seg: np.ndarray, mask: np.ndarray) -> np.ndarray:
     m = mask.astype(np.int64)
     c = _segment_cumsum(seg, m)
     return (c - m).astype(np.int64)
+
+
+def _batch_end(seg: np.ndarray, S: np.ndarray, D: np.ndarray, s: np.ndarray, p: np.ndarray, C: np.ndarray,
+               release: np.ndarray) -> np.ndarray:  # fmt: skip
+    """End of the prefill batch each queued prompt completes in, for a server that prefills
+    queued prompts in batches of ``C`` tokens (the last prompt of a batch chunked).
+
+    Prompts batch together while each was already queued when the one before it started
+    (``release`` ≤ its start) and the server is busy throughout (``S``/``D``: start and end of
+    each prompt's fluid service ``s``, ``p`` its tokens); in such a run the batch boundaries lie
+    every ``C`` tokens, and a prompt's batch ends at the next boundary after its last token (or
+    where the run ends): the time the server's fluid token count reaches it.
+    """
+    n = len(seg)
+    if n == 0:
+        return np.zeros(0)
+    brk = np.empty(n, dtype=bool)
+    brk[0] = True
+    brk[1:] = (seg[1:] != seg[:-1]) | (S[1:] > D[:-1] + 1e-9) | (release[1:] > S[:-1] + 1e-9)
+    period = np.cumsum(brk) - 1
+    P = _segment_cumsum(period, p)
+    last = np.flatnonzero(np.append(brk[1:], True))  # last element of each period
+    p_last = P[last][period]
+    target = np.minimum(np.ceil(P / C - 1e-9) * C, p_last)
+    span = float(P.max()) + 1.0
+    key = period * span + P
+    k = np.minimum(np.searchsorted(key, period * span + target - 1e-9, side="left"), n - 1)
+    p_k = np.where(p[k] > 0, p[k], 1.0)
+    t = S[k] + np.clip((target - (P[k] - p[k])) / p_k, 0.0, 1.0) * s[k]
+    return np.maximum(t, D)
 
 
 def _segmented_lindley(seg: np.ndarray, release: np.ndarray, service: np.ndarray, start: np.ndarray) -> np.ndarray:

@@ -7,18 +7,23 @@ is replayed as a fixed-concurrency closed loop **through the simulator's own rep
 engine** (:class:`koi.sim.engine.Engine`, the same macro-step closed form the world runs,
 at the world's default ``step_s``), not through koi/perf's iteration-level replay.
 
-The benchmark emulated is koi/perf's (:mod:`koi.perf.replay`), so that both harnesses
-measure the same thing: ``concurrency`` clients start together (a benchmark's burst),
-each sends ``ROUNDS`` requests in all (``num_prompts = 10 × concurrency``) and the next
-the moment the last token of the previous one arrives; output lengths vary within ±10%
-of ``osl`` (fixed seed); the means are over all requests, rounds after the 4th taken as
-equal to the 4th. Two engine-side details are the simulator's own: a successor reaches
-the scheduler while the next iteration already runs (it joins the one after), and
-koi/perf's fitted per-request front-end time (``request_s``) delays each request's
-arrival at the scheduler, inside the loop (the client waits for it).
+The benchmark emulated is koi/perf's (:mod:`koi.perf.replay`, :mod:`koi.perf.fidelity`), so
+that both harnesses measure the same thing: ``concurrency`` clients start together (a
+benchmark's burst), each sends ``ROUNDS`` requests in all (``num_prompts = 10 × concurrency``)
+and the next the moment the last token of the previous one arrives; each row runs under the
+benchmark client that measured it (koi/perf's :func:`~koi.perf.fidelity.row_harness`: exact
+prompts and outputs spread by the engine's fitted desynchronisation spread for
+aiconfigurator's genai-perf rows, lengths uniform in [0.8, 1]× for the benchmark_serving
+rows; fixed seed) and through that client's fitted front end (``request_s``); the means are
+over all requests, rounds after the 4th taken as equal to the 4th. Two engine-side details
+are the simulator's own: a successor reaches the scheduler while the next iteration already
+runs (it joins the one after), and the front-end time delays each request's arrival at the
+scheduler, inside the loop (the client waits for it; koi/perf adds it to the TTFT outside
+the loop — with TRT-LLM's ~0.13 s genai-perf front end the two differ most).
 
 Nothing here is fitted. koi/perf fits its per-iteration engine overheads (which the
-step model, hence these tables, include) on a third of the rows chosen by a hash of the
+step model, hence these tables, include), its front ends and its desynchronisation choice
+on a third of the rows chosen by a hash of the
 row id; the other two thirds — the **holdout** split — were seen by no constant, and
 that is the figure to quote. ``all`` and ``fit`` are reported too.
 """
@@ -26,7 +31,7 @@ that is the figure to quote. ``all`` and ``fit`` are reported too.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -73,19 +78,30 @@ def closed_loop(
     *,
     step_s: float = 1.0,
     rounds: int | None = ROUNDS,
-    osl_spread: float = OSL_SPREAD,
+    osl_spread: float | None = None,
     seed: int = 0,
     max_steps: int = 2_000_000,
     passes: int = 12,
     stagger: bool = False,
+    isl_range: tuple[float, float] = (1.0, 1.0),
+    osl_range: tuple[float, float] | None = None,
 ) -> LoopResult:
     """Run one engine of ``tables`` under a closed loop of ``concurrency`` clients (the benchmark of
-    the module docstring); mean TTFT and TPOT over all ``rounds × concurrency`` requests."""
+    the module docstring); mean TTFT and TPOT over all ``rounds × concurrency`` requests.
+
+    Lengths are drawn uniformly within ``isl_range``/``osl_range`` (fractions of isl/osl); by
+    default prompts are exact and outputs vary by the engine's fitted desynchronisation spread
+    (koi/perf's :func:`~koi.perf.overheads.engine_desync_spread`); ``osl_spread`` is the older
+    ±spread spelling of ``osl_range``."""
     c = concurrency
     sim_rounds = SIMULATED_ROUNDS if rounds is None else min(rounds, SIMULATED_ROUNDS)
     total = sim_rounds * c
     rng = np.random.default_rng(seed)
-    outs = np.maximum(np.rint(osl * rng.uniform(1 - osl_spread, 1 + osl_spread, total)), 1).astype(np.int32)
+    if osl_range is None:
+        sp = _engine_spread(tables) if osl_spread is None else osl_spread
+        osl_range = (1.0 - sp, 1.0 + sp)
+    outs = _lengths(rng, osl, osl_range, total)
+    ins = _lengths(rng, isl, isl_range, total)
     stack = Stack()
     stack.add(tables)
     eng = Engine(stack, capacity=max(4 * c, 64))
@@ -103,7 +119,7 @@ def closed_loop(
             return
         rid = np.arange(issued, issued + k, dtype=np.int64)
         z = np.zeros(k, np.int32)
-        eng.dispatch(rid, z, z, at[:k], at[:k] + late, np.full(k, isl, np.int32), outs[issued : issued + k], z)
+        eng.dispatch(rid, z, z, at[:k], at[:k] + late, ins[issued : issued + k], outs[issued : issued + k], z)
         issued += k
 
     if stagger:
@@ -163,6 +179,24 @@ def closed_loop(
     )  # fmt: skip
 
 
+def _lengths(rng: np.random.Generator, length: int, frac: tuple[float, float], total: int) -> np.ndarray:
+    """``total`` integer lengths uniform within ``[length·frac[0], length·frac[1]]`` (koi/perf's draw)."""
+    lo = max(1, int(round(length * frac[0])))
+    hi = max(lo, int(round(length * frac[1])))
+    if hi == lo:
+        return np.full(total, lo, dtype=np.int32)
+    return rng.integers(lo, hi + 1, size=total).astype(np.int32)
+
+
+def _engine_spread(tables: RankTables) -> float:
+    try:
+        from koi.perf.overheads import engine_desync_spread
+    except ImportError:  # pragma: no cover - an older koi.perf
+        return OSL_SPREAD
+    name = {v: k for k, v in {"vllm": 0, "trtllm": 1, "sglang": 2}.items()}.get(int(tables.policy), "vllm")
+    return float(engine_desync_spread(name))
+
+
 def _iteration_s(tables: RankTables, batch: int, ctx: float) -> float:
     """A decode iteration of ``batch`` sequences at mean context ``ctx``, from the rank's own table."""
     st = Stack()
@@ -186,7 +220,13 @@ def _row_tables(row: Any) -> RankTables:
         mode = "fp8" if fp8 else "bfloat16"
     cloud, name = SYSTEM_INSTANCE[row.system]
     itype = catalog.instance(cloud, name)
-    return rank_tables(chain_spec(row.model, itype, cfg, int(row.isl) + int(row.osl), gemm_mode=mode))
+    t = rank_tables(chain_spec(row.model, itype, cfg, int(row.isl) + int(row.osl), gemm_mode=mode))
+    # the serving front end of the client that measured the row (koi/perf's fitted request_s)
+    from koi.perf.fidelity import client_of
+    from koi.perf.overheads import engine_overheads
+
+    client = client_of(str(getattr(row, "source", "")))
+    return replace(t, request_s=float(engine_overheads(row.backend, client).request_s))
 
 
 def fidelity_rows() -> pd.DataFrame:
@@ -197,7 +237,10 @@ def fidelity_rows() -> pd.DataFrame:
 
 def replay(rows: pd.DataFrame | None = None, *, step_s: float = 1.0, stagger: bool = False,
            on_row=None) -> pd.DataFrame:  # noqa: ANN001  # fmt: skip
-    """Replay ``rows`` (default: all dense rows) through the engine; one output line per row."""
+    """Replay ``rows`` (default: all dense rows) through the engine; one output line per row, each
+    under the benchmark client that measured it (koi/perf's :func:`~koi.perf.fidelity.row_harness`)."""
+    from koi.perf.fidelity import row_harness
+
     df = fidelity_rows() if rows is None else rows
     out = []
     for i, row in enumerate(df.itertuples(index=False)):
@@ -205,7 +248,9 @@ def replay(rows: pd.DataFrame | None = None, *, step_s: float = 1.0, stagger: bo
             t = _row_tables(row)
             if t.kv_blocks <= 0:
                 raise ValueError("does not fit memory")
-            r = closed_loop(t, int(row.concurrency), int(row.isl), int(row.osl), step_s=step_s, stagger=stagger)
+            h = row_harness(row)
+            r = closed_loop(t, int(row.concurrency), int(row.isl), int(row.osl), step_s=step_s, stagger=stagger,
+                            rounds=h.rounds, isl_range=h.isl_range, osl_range=h.osl_range)  # fmt: skip
             out.append({**row._asdict(), "pred_ttft_ms": r.mean_ttft_s * 1e3, "pred_tpot_ms": r.mean_tpot_s * 1e3,
                         "preemptions": r.preemptions, "sim_steps": r.steps, "error": ""})  # fmt: skip
         except Exception as exc:  # an infeasible row is reported, not fatal
@@ -237,10 +282,15 @@ def summarize(res: pd.DataFrame) -> dict[str, Any]:
     if "split" in ok:
         for split in ("holdout", "fit"):
             out[split] = _figures(ok[ok["split"] == split])
+    hold = ok[ok["split"] == "holdout"] if "split" in ok else ok.iloc[:0]
     for b in sorted(ok["backend"].unique()):
         out[f"backend:{b}"] = _figures(ok[ok["backend"] == b])
+        if len(hold):
+            out[f"holdout:backend:{b}"] = _figures(hold[hold["backend"] == b])
     for m in sorted(ok["model"].unique()):
         out[f"model:{m}"] = _figures(ok[ok["model"] == m])
+        if len(hold):
+            out[f"holdout:model:{m}"] = _figures(hold[hold["model"] == m])
     out["failed_rows"] = int((res["error"] != "").sum())
     return out
 
