@@ -20,6 +20,7 @@ from koi.surrogate import (
     rank_capacity,
     roofline,
 )
+from koi.surrogate.core import BATCH_LOAD
 
 
 def env(gpu: str = "H100", cloud: str = "aws", zone: str = "a") -> Environment:
@@ -106,7 +107,7 @@ def test_capacity_respects_the_utilization_cap_and_the_p99_targets(s):
 
 def test_batch_jobs_run_saturated_and_get_a_deadline_margin(s):
     p = s.predict_rank(batch_job(), H100)
-    assert p.values["throughput_tokens_per_sec"] == pytest.approx(0.98 * 2 * p.saturation_rps * 256, rel=1e-6)
+    assert p.values["throughput_tokens_per_sec"] == pytest.approx(BATCH_LOAD * 2 * p.saturation_rps * 256, rel=1e-6)
     need = 20000 * 256 / 3600
     assert p.values["slo_margin"] == pytest.approx(1 - need / p.values["throughput_tokens_per_sec"])
 

@@ -68,9 +68,25 @@ UTILIZATION_CAP = 0.8  # Appendix B, "Online per-replica utilization cap"
 #: Residual effects a nearest-architecture prediction leaves out: the neighbour's measured ratio
 #: on this GPU already carries the hardware's and its environments' deviation.
 _NEAREST_SKIP = ("gpu", "env")
-#: Load of a batch job's replicas when it names no rate: just below saturation (the queue of
-#: pending requests keeps every replica full; 0.98 keeps the heavy-traffic formulas finite).
-BATCH_LOAD = 0.98
+#: Load of a batch job's replicas when it names no rate, as a fraction of saturation: the job is a
+#: backlog the gateway's dispatcher keeps feeding, so every replica runs full (all the slots its KV
+#: pool allows busy, the saturation rate served) — the saturated state of the queueing model.
+BATCH_LOAD = 1.0
+#: The gateway's batch dispatcher (the platform's, not a hidden effect: koi.sim's World implements
+#: it as ``_batch_topup``): every second it tops each engine's waiting queue up to ``3 ×`` the
+#: completions of the last second plus 8, within [16, 128] and at most the free slots plus 16.
+#: The telemetry samples the queue after a second's admissions (one second of completions).
+BATCH_TOPUP = {"per_completion": 3.0, "extra": 8.0, "lo": 16.0, "hi": 128.0, "slots_extra": 16.0}
+
+
+def batch_standing_queue(completions_per_s: np.ndarray, running: np.ndarray, max_seqs: np.ndarray) -> np.ndarray:
+    """Requests a backlogged (batch) engine holds waiting: the dispatcher's top-up target (see
+    :data:`BATCH_TOPUP`) less the second of admissions that follows it."""
+    c = BATCH_TOPUP
+    mu = np.asarray(completions_per_s, dtype=float)
+    target = np.minimum(np.clip(np.ceil(c["per_completion"] * mu) + c["extra"], c["lo"], c["hi"]),
+                        np.maximum(max_seqs - running, 0.0) + c["slots_extra"])  # fmt: skip
+    return np.maximum(target - mu, 0.0)
 
 #: Prior relative σ of each objective before residuals exist, read off `koi surrogate eval`
 #: (median absolute errors of the simulator grid before learning: p99 TTFT ~27%, p99 TPOT
@@ -307,8 +323,15 @@ class Surrogate:
         f = {k: S[:, i] for i, k in enumerate(_SCALAR_KEYS)}
         f["isl_eff"] = np.maximum(d.isl * (1.0 - f["hit"]), 1.0)
         f["isl99_eff"] = np.maximum(d.isl_p99 * (1.0 - f["hit"]), 1.0)
-        f["per_seq_kv"] = f["isl_eff"] + d.osl / 2.0 + f["block"] / 2.0
-        f["b_kv"] = f["kv_tok"] / f["per_seq_kv"]
+        # KV footprint of a running sequence, time-averaged (what "blocks in use" averages over): its
+        # computed prompt plus the output generated so far, half a block of rounding. A sequence stays
+        # in the batch for a time proportional to its output, so the output part is the length-biased
+        # mean E[osl²]/(2·E[osl]) = osl·(1 + cv²)/2; TRT-LLM (GUARANTEED_NO_EVICT) holds the whole
+        # output from admission, E[osl²]/E[osl]. The shared prefix's blocks are held once per engine.
+        osl_lb = d.osl * (1.0 + d.osl_cv**2)
+        f["per_seq_kv"] = f["isl_eff"] + np.where(f["trt"] > 0, osl_lb, osl_lb / 2.0) + f["block"] / 2.0
+        f["kv_shared"] = np.where(f["hit"] > 0, float(d.prefix_len), 0.0)
+        f["b_kv"] = np.maximum(f["kv_tok"] - f["kv_shared"], 1.0) / f["per_seq_kv"]
         # B_GRID tops at 4096 sequences; max_num_seqs above it is clamped there.
         f["b_cap"] = np.maximum(np.minimum(np.minimum(f["mseq"], np.floor(f["b_kv"])), B_GRID[-1]), 1.0)
         return _Prep(d, rows, f, flags)
@@ -338,15 +361,24 @@ class Surrogate:
             rows=ix,
         )
         res = queueing.solve(inp) if closed is None else queueing.solve_closed_loop(inp, closed)
-        b_at = np.maximum(res.batch_seen, 1.0)
-        share = res.prefill_share
+        share = res.prefill_share[:, None]
+        n_at = res.atoms.shape[1]
+        row_of = np.repeat(np.arange(n) if ix is None else ix, n_at)
+        b_atoms = np.maximum(res.atoms, 1.0).ravel()
 
-        def ir(table: np.ndarray) -> np.ndarray:
-            return queueing.interp_rows(B_GRID, table, b_at, ix)
+        def at_atoms(table: np.ndarray) -> np.ndarray:
+            return queueing.interp_rows(B_GRID, table, b_atoms, row_of).reshape(n, n_at)
 
+        # Time averages over the engine's busy time (the telemetry's definition): each state of the
+        # running batch weighs its stationary probability; the idle state only while a prompt is
+        # being prefilled (probability λ·prefill time), at the one-sequence iteration.
+        busy = np.where(res.atoms > 0.0, 1.0, np.minimum(inp.lam * res.prefill_s, 1.0)[:, None])
+        w = res.weights * busy
+        wsum = np.maximum(w.sum(axis=1), 1e-300)
         extra = dict(f)
-        extra["comm"] = (1 - share) * ir(rows["comm_dec"]) + share * ir(rows["comm_mix"])
-        extra["bubble"] = (1 - share) * ir(rows["bub_dec"]) + share * ir(rows["bub_mix"])
+        extra["comm"] = np.sum(w * ((1 - share) * at_atoms(rows["comm_dec"]) + share * at_atoms(rows["comm_pf"])),
+                               axis=1) / wsum
+        extra["bubble"] = np.sum(w * at_atoms(rows["bub_dec"]), axis=1) / wsum
         return res, extra
 
     def _solve(self, arch: ModelArch, d: WorkloadDigest, phys: list[ChainPhysics], lam_replica: np.ndarray, *,
@@ -362,14 +394,27 @@ class Surrogate:
         return res.lam_sat * x["dp"]
 
     def _values(
-        self, arch: ModelArch, d: WorkloadDigest, res: queueing.LoadResult, x: dict[str, np.ndarray], n_rep: np.ndarray
+        self, arch: ModelArch, d: WorkloadDigest, res: queueing.LoadResult, x: dict[str, np.ndarray], n_rep: np.ndarray,
+        backlog: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """Rank-level V and Y (before derived outcomes), registry names."""
         dp = x["dp"]
         kv_tok = np.maximum(x["kv_tok"], 1.0)
-        kv_util = np.minimum(res.batch * x["per_seq_kv"] / kv_tok, 1.0)
-        # demand: blocks in use plus the blocks the queued prompts need (the simulator's definition)
-        pressure = (res.batch * x["per_seq_kv"] + res.queue_depth * x["isl_eff"]) / kv_tok
+        lam_e = res.lam_served
+        # requests in PREFILL (Little: λ · prefill time) hold half their prompt on average and count in
+        # the running batch, as the engine counts them (running = prefilling + decoding)
+        prefilling = lam_e * res.prefill_s
+        live = np.where(res.saturated, res.batch, np.minimum(res.batch + prefilling, x["b_cap"]))
+        in_use = res.batch * x["per_seq_kv"] + prefilling * x["isl_eff"] / 2.0 + x["kv_shared"]
+        kv_util = np.minimum(in_use / kv_tok, 1.0)
+        # requests held but not admitted: the front end (koi.perf's per-request time) plus the wait
+        # before the prefill starts (queueing.solve: Little's law over it)
+        queue = res.queue_depth + lam_e * x["request_s"]
+        if backlog is not None and backlog.any():
+            # a backlogged (batch) engine: its waiting queue is what the dispatcher keeps there
+            queue = np.where(backlog, batch_standing_queue(lam_e, live, x["mseq"]), queue)
+        # demand: blocks in use plus the blocks the waiting prompts need, whole (the telemetry's definition)
+        pressure = (in_use + queue * (d.isl + x["block"] / 2.0)) / kv_tok
         used = x["weights"] + x["act"] + x["reserve"] + kv_util * x["kv_bytes"]
         # P(decoding population > KV-limited batch), normal approximation of the population law
         b = np.maximum(res.batch, 1e-9)
@@ -394,8 +439,8 @@ class Surrogate:
             "comm_overhead_pct": 100.0 * x["comm"],
             "per_tok_comm_bytes": per_tok * tokens_per_out + vocab,
             "kvcache_hit_rate": x["hit"],
-            "live_batch_size": res.batch,
-            "queue_depth": res.queue_depth,
+            "live_batch_size": live,
+            "queue_depth": queue,
             "preemption_rate": preempt,
             "input_length_observed": np.full(len(b), d.isl),
             "output_length_observed": np.full(len(b), d.osl),
@@ -482,12 +527,12 @@ class Surrogate:
                 sat_base = self._saturation(base_prep)
                 lam_rep = np.where(np.isnan(off), sat_rep * n_rep[idx] * BATCH_LOAD, off) / n_rep[idx]
                 res_b, x_b = self._run(base_prep, np.where(np.isnan(off), sat_base * BATCH_LOAD, lam_rep))
-                v_base = self._values(arch, d, res_b, x_b, n_rep[idx])
+                v_base = self._values(arch, d, res_b, x_b, n_rep[idx], np.isnan(off))
             else:
                 lam_rep = np.where(np.isnan(off), sat_rep * n_rep[idx] * BATCH_LOAD, off) / n_rep[idx]
             offered[idx] = lam_rep * n_rep[idx]
             res, x = self._run(prep, lam_rep)
-            v = self._values(arch, d, res, x, n_rep[idx])
+            v = self._values(arch, d, res, x, n_rep[idx], np.isnan(off))
             corr = self._correct(v, sc, skips)
             corr["throughput_tokens_per_sec"] = np.minimum(corr["throughput_tokens_per_sec"], sat_rep * n_rep[idx] * d.osl)
             if learned:
@@ -799,9 +844,9 @@ class Surrogate:
 CAP_BISECT = 10
 
 
-_ROW_KEYS = ("t_dec", "cpf", "cpf99", "comm_dec", "comm_mix", "bub_dec", "bub_mix")
+_ROW_KEYS = ("t_dec", "cpf", "cpf99", "comm_dec", "comm_pf", "bub_dec")
 _SCALAR_KEYS = ("hit", "budget", "chunked", "mseq", "kv_tok", "dp", "block", "weights", "act", "reserve", "vram",
-                "kv_bytes", "tp", "pp", "request_s")  # fmt: skip
+                "kv_bytes", "tp", "pp", "request_s", "trt")  # fmt: skip
 
 
 def _request_s(engine: str) -> float:
@@ -818,12 +863,12 @@ def _prep_row(p: ChainPhysics, hit: float, isl_eff: float, isl99_eff: float, osl
     """One candidate's table rows (``_ROW_KEYS`` × B_GRID) and scalars (``_SCALAR_KEYS``), cached."""
     cfg = p.chain_key[3]
     tab = chain_tables(p, isl_eff, isl99_eff, osl, int(cfg.max_num_batched_tokens))
-    mat = np.stack([tab.t_dec * fd, tab.c_pf * fp, tab.c_pf99 * fp, tab.comm_dec, tab.comm_mix, tab.bubble_dec,
-                    tab.bubble_mix])  # fmt: skip
+    mat = np.stack([tab.t_dec * fd, tab.c_pf * fp, tab.c_pf99 * fp, tab.comm_dec, tab.comm_pf, tab.bubble_dec])
     mem = p.feas.memory
     sc = np.array([hit, cfg.max_num_batched_tokens, float(cfg.chunked_prefill), cfg.max_num_seqs,
                    mem.kv_capacity_tokens, cfg.dp, cfg.block_size, mem.weight_bytes, mem.activation_bytes,
-                   mem.reserve_bytes, mem.vram_bytes, mem.kv_bytes, cfg.tp, cfg.pp, _request_s(cfg.engine_name)],
+                   mem.reserve_bytes, mem.vram_bytes, mem.kv_bytes, cfg.tp, cfg.pp, _request_s(cfg.engine_name),
+                   float(cfg.engine_name == "trtllm")],
                   dtype=float)  # fmt: skip
     mat.setflags(write=False)
     sc.setflags(write=False)

@@ -10,7 +10,10 @@ tabulate, from koi.perf's measured-operator step model, on a shared batch grid
   ``min(isl, budget - b)`` prompt tokens rides in that iteration (attention work per
   token ``(isl+1)/2``, exact for a causal prompt however it is chunked), at the mean
   and at the p99 prompt length;
-- the communication share and the pipeline-bubble fraction of both iterations.
+- the communication share and the pipeline-bubble fraction of both iterations, and the
+  collective share of the prompt work alone (``comm_pf``: the mixed iteration's extra
+  collective seconds over its extra seconds), which is how the simulator's telemetry
+  books a prefill's collectives.
 
 Only knobs that change an iteration's time key the step model (tp/pp/dp/ep, engine,
 version, dtypes and the links); batching and memory knobs (max_num_seqs, token budget,
@@ -123,6 +126,7 @@ class ChainTables:
     c_pf99: np.ndarray
     comm_dec: np.ndarray
     comm_mix: np.ndarray
+    comm_pf: np.ndarray  # collective share of the marginal prompt work next to b decodes
     bubble_dec: np.ndarray
     bubble_mix: np.ndarray
     prefill_alone_s: float  # one mean prompt on an idle engine
@@ -192,12 +196,15 @@ def chain_tables(phys: ChainPhysics, isl_eff: float, isl99_eff: float, osl: floa
     c_pf = np.maximum(t_mix - t_dec, 1e-9) / c1
     c_pf99 = np.maximum(t_mix99 - t_dec, 1e-9) / c99
     comm = bd.communication / np.maximum(tot, 1e-12)
+    comm_s = np.asarray(bd.communication, float)
+    comm_pf = np.clip((comm_s[k : 2 * k] - comm_s[:k]) / np.maximum(t_mix - t_dec, 1e-12), 0.0, 1.0)
     return ChainTables(
         t_dec=t_dec,
         c_pf=c_pf,
         c_pf99=c_pf99,
         comm_dec=comm[:k],
         comm_mix=comm[k : 2 * k],
+        comm_pf=comm_pf,
         bubble_dec=bd.bubble_fraction[:k],
         bubble_mix=bd.bubble_fraction[k : 2 * k],
         prefill_alone_s=float(tot[-1]),

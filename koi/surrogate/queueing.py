@@ -27,7 +27,13 @@ The model (a careful reading of how vLLM/SGLang schedule, in closed form):
    ``μ(B_cap)``: the chain continues as a geometric tail. Saturation is
    ``λ_sat = μ(B_cap)`` (also bounded by the prompt token budget); ``ρ = λ/λ_sat``.
 3. **Means by Little's law.** Live batch ``E[N]``; mean TPOT ``E[N]/(λ·n_dec)``;
-   queue ``E[Q]`` and admission wait ``E[Q]/λ``.
+   admission wait ``E[Q]/λ``. The queue depth reported is Little's law over the whole wait
+   before a request's prefill starts (admission slot, prompt budget, the iteration in
+   flight, overload): ``λ_served · wait_mean`` — requests the engine holds but has not
+   admitted, the quantity the simulator's telemetry (and vLLM's waiting queue) counts.
+   The stationary law itself is returned (:attr:`LoadResult.atoms` / ``weights``), so
+   time averages of any function of the running batch — the pipeline bubble, the
+   collective share — are taken over it, not at its mean.
 4. **TTFT** = admission wait + the prompt-budget wait (G/G/1 by Kingman, with the
    arrival CV and the prompt-length CV) + the residual of the iteration in flight +
    the prompt's service ``S = ceil(isl/chunk) · T + isl · c_pf``; its tail adds the
@@ -101,6 +107,13 @@ class LoadResult:
     prefill_share: np.ndarray  # share of iteration time spent on prompt tokens
     saturated: np.ndarray  # bool
     batch_sd: np.ndarray  # standard deviation of the decoding population
+    prefill_s: np.ndarray  # mean prefill service of one prompt (seconds in the PREFILL state)
+    atoms: np.ndarray  # (n, A) decoding-population values: 0, 1, each grid segment's mean, B_cap
+    weights: np.ndarray  # (n, A) their time-stationary probabilities (rows sum to 1)
+
+    def expect(self, f: np.ndarray) -> np.ndarray:
+        """Time average ``Σ_a weights·f`` of a function already evaluated at :attr:`atoms` (shape (n, A))."""
+        return np.sum(self.weights * f, axis=1)
 
 
 def interp_rows(b_grid: np.ndarray, table: np.ndarray, b: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -201,7 +214,10 @@ def _population(lam, ndec, t_tab, c_tab, isl, b_grid, b_cap, ca):  # noqa: ANN00
     var_n = np.maximum(e_n2 - e_n**2, 0.0)
     e_q = pq / np.maximum(1.0 - rho_c, 1e-12)  # E[Q] = π(cap)·ρ/(1-ρ)² = P(queue>0)/(1-ρ)
     p_cap = np.exp(L_cap - m[:, 0]) / Z + pq  # P(all slots busy) = P(wait)
-    return e_n, var_n, e_q, p_cap, p0, mu_cap
+    # the law on atoms: 0, 1, each segment's mean state, B_cap (with the admission queue's mass)
+    atoms = np.concatenate([np.zeros((len(lam), 1)), np.ones((len(lam), 1)), mean_seg, b_cap[:, None]], axis=1)
+    weights = np.concatenate([p0[:, None], p1[:, None], pseg, pq[:, None]], axis=1)
+    return e_n, var_n, e_q, p_cap, p0, mu_cap, atoms, weights
 
 
 def solve(inp: LoadInputs) -> LoadResult:
@@ -226,11 +242,11 @@ def solve(inp: LoadInputs) -> LoadResult:
     t_step_cap = t_cap / np.maximum(1.0 - lam_sat_dec * inp.isl * c_cap, 1e-6)
     lam_sat_budget = np.where(inp.chunked, chunk_at(b_cap, inp.isl) / np.maximum(inp.isl * t_step_cap, 1e-12), np.inf)
     lam_sat = np.minimum(lam_sat_dec, lam_sat_budget)
-    saturated = lam >= lam_sat
+    saturated = lam >= lam_sat * (1.0 - 1e-9)  # at saturation (a backlog) counts: the engine runs full
     lam_s = np.minimum(lam, lam_sat * (1.0 - 1e-6))
 
     # ---- the decoding population ---------------------------------------------------------------------
-    e_n, var_n, e_q, p_cap, p0, _ = _population(
+    e_n, var_n, e_q, p_cap, p0, _, atoms, weights = _population(
         np.maximum(lam_s, 1e-12), ndec, inp.t_dec[rows], inp.c_pf[rows], inp.isl, bg, b_cap, inp.ca
     )
     batch = np.where(saturated, b_cap, e_n)
@@ -304,7 +320,13 @@ def solve(inp: LoadInputs) -> LoadResult:
     var_x = arrivals * (pf_time**2) * (inp.isl_cv**2 + inp.ca**2)
     tpot_p99 = np.where(saturated, t_iter, t99) + Z99 * np.sqrt(var_x) / n_short
 
-    queue_depth = np.where(saturated, 0.0, e_q) + lam_s * w_pf + np.maximum(lam - lam_sat, 0.0) * 0.5 * OVERLOAD_HORIZON_S
+    # Little's law over the wait before the prefill starts (module docstring, 3.); overloaded: the
+    # served rate times the wait of the horizon's mean request, i.e. the backlog (λ − λ_sat)·H/2 and more
+    queue_depth = np.minimum(lam, lam_sat) * wait_mean
+    # saturated: every slot busy, the whole law at B_cap
+    at_cap = np.zeros_like(weights)
+    at_cap[:, -1] = 1.0
+    weights = np.where(saturated[:, None], at_cap, weights)
     return LoadResult(
         lam_served=np.minimum(lam, lam_sat),
         lam_sat=lam_sat,
@@ -320,6 +342,9 @@ def solve(inp: LoadInputs) -> LoadResult:
         prefill_share=prefill_share,
         saturated=saturated,
         batch_sd=np.where(saturated, 0.0, sd),
+        prefill_s=s_mean,
+        atoms=atoms,
+        weights=weights,
     )
 
 
