@@ -68,6 +68,9 @@ class TickTrace(KoiModel):
     defers: int = Field(default=0, ge=0)
     gpus_by_job: dict[str, dict[str, int]] = Field(default_factory=dict, description="job -> gpu_type -> GPUs")
     serving_jobs: list[str] = Field(default_factory=list)
+    actions: dict[str, str] = Field(
+        default_factory=dict, description="job -> place | swap | relaunch in the committed plan (figure markers)"
+    )
     dro_radius: float | None = None
     active_mechanisms: int | None = None
     cumulative_mechanisms: int | None = None

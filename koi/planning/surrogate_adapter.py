@@ -15,13 +15,26 @@ Mapping:
 ``env_sensitive`` is true once the surrogate has learned from records (its residual
 corrections have per-environment effects); a cold surrogate predicts the same for every
 pool of one GPU type and instance shape, so the candidate generator may share predictions.
+
+Memo (performance; results unchanged): a surrogate never changes once built (its residual
+model is fitted before, its caches are pure), and its vectorised predictions are computed
+per chain (the value for one chain does not depend on the other chains of the call), so
+``estimate``, ``latency`` and ``rank_values_many`` remember their per-chain results *per
+surrogate object*, keyed by everything of the job and the chain they read (the job's JSON;
+the chain's environment id and config; the load and replicas). The default surrogate lives
+for the process, so the fresh-surrogate policies reuse every estimate across ticks and runs;
+a fitted one is shared by S4 and S5 of a tick (``koi.planning.tick``), so S5's re-derivation
+of candidates and predictions costs almost nothing. :class:`MemoResiduals` does the same for
+a fitted residual model's lookups. ``MEMO = False`` turns both off (the equality tests).
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +46,33 @@ from koi.planning.predictor import ChainEstimate
 
 _FEAS_CACHE: dict[tuple, tuple[bool, tuple[str, ...]]] = {}
 _FEAS_CACHE_MAX = 200_000
+
+#: Per-surrogate memo of per-chain predictions (see the module docstring); False: always compute.
+MEMO = True
+_MEMO_MAX = 400_000
+_MEMOS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+
+
+def _memo_of(surrogate: Any) -> dict[tuple, Any] | None:
+    if not MEMO:
+        return None
+    try:
+        m = _MEMOS.get(surrogate)
+        if m is None:
+            m = _MEMOS[surrogate] = {}
+    except TypeError:  # not weak-referenceable: no memo
+        return None
+    if len(m) >= _MEMO_MAX:
+        m.clear()
+    return m
+
+
+def _job_key(job: Job) -> str:
+    return job.model_dump_json()
+
+
+def _chain_key(chain: Chain) -> tuple:
+    return chain.env.env_id, chain.config
 
 
 @dataclass
@@ -81,6 +121,19 @@ class SurrogatePredictor:
         chains = list(chains)
         if not chains:
             return []
+        memo = _memo_of(self.surrogate)
+        if memo is None:
+            return self._estimate(job, chains)
+        jk = _job_key(job)
+        keys = [("est", jk, *_chain_key(c)) for c in chains]
+        out: list[ChainEstimate | None] = [memo.get(k) for k in keys]
+        miss = [i for i, e in enumerate(out) if e is None]
+        if miss:
+            for i, e in zip(miss, self._estimate(job, [chains[i] for i in miss]), strict=True):
+                memo[keys[i]] = out[i] = e
+        return out  # type: ignore[return-value]
+
+    def _estimate(self, job: Job, chains: list[Chain]) -> list[ChainEstimate]:
         s = self.surrogate
         caps = s.capacity_many(job, chains)  # type: ignore[attr-defined]
         osl = float(job.workload.osl)
@@ -116,6 +169,21 @@ class SurrogatePredictor:
         if not n:
             return np.zeros(0), np.zeros(0)
         rps = np.broadcast_to(np.asarray(per_replica_rps, dtype=float), (n,)).copy()
+        memo = _memo_of(self.surrogate)
+        if memo is None:
+            return self._latency(job, chains, rps)
+        jk = _job_key(job)
+        keys = [("lat", jk, *_chain_key(c), float(r)) for c, r in zip(chains, rps, strict=True)]
+        got = [memo.get(k) for k in keys]
+        miss = [i for i, v in enumerate(got) if v is None]
+        if miss:
+            t1, t2 = self._latency(job, [chains[i] for i in miss], rps[miss])
+            for j, i in enumerate(miss):
+                memo[keys[i]] = got[i] = (float(t1[j]), float(t2[j]))
+        return np.array([g[0] for g in got]), np.array([g[1] for g in got])  # type: ignore[index]
+
+    def _latency(self, job: Job, chains: list[Chain], rps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = len(chains)
         finite = np.isfinite(rps)
         ttft = np.full(n, np.inf)
         tpot = np.full(n, np.inf)
@@ -137,6 +205,24 @@ class SurrogatePredictor:
     def rank_values_many(self, job: Job, chains: Sequence[Chain], n_replicas: Sequence[int],
                          rank_rps: Sequence[float]) -> list[dict[str, float]]:
         """:meth:`rank_values` for all ranks of one job in one surrogate call."""
+        chains = list(chains)
+        memo = _memo_of(self.surrogate)
+        if memo is None or not chains:
+            return self._rank_values_many(job, chains, n_replicas, rank_rps)
+        jk = _job_key(job)
+        rr = [max(float(r), 1e-9) for r in rank_rps]
+        keys = [("rv", jk, *_chain_key(c), int(n), r) for c, n, r in zip(chains, n_replicas, rr, strict=True)]
+        got = [memo.get(k) for k in keys]
+        miss = [i for i, v in enumerate(got) if v is None]
+        if miss:
+            vals = self._rank_values_many(job, [chains[i] for i in miss], [n_replicas[i] for i in miss],
+                                          [rank_rps[i] for i in miss])
+            for i, v in zip(miss, vals, strict=True):
+                memo[keys[i]] = got[i] = v
+        return [dict(v) for v in got]  # type: ignore[arg-type]
+
+    def _rank_values_many(self, job: Job, chains: Sequence[Chain], n_replicas: Sequence[int],
+                          rank_rps: Sequence[float]) -> list[dict[str, float]]:
         b = self.surrogate.predict_many(job, list(chains), offered_rps=np.maximum(np.asarray(rank_rps, dtype=float), 1e-9),  # type: ignore[attr-defined]
                                         n_replicas=np.asarray(n_replicas), with_capacity=False)
         return [{k: float(v[i]) for k, v in b.values.items() if np.isfinite(v[i])} for i in range(len(chains))]
@@ -157,3 +243,114 @@ class SurrogatePredictor:
             self._res_cache[key] = np.asarray(rm.residuals(objective, scope), dtype=float)
         r = self._res_cache[key]
         return r if r.size else None
+
+
+# ---- a fitted residual model with memoized lookups --------------------------------------------------------------
+class _MemoMixin:
+    """Memoized ``speed``/``factor``/``support``/``residuals`` of a fitted (immutable) residual model.
+
+    Entries are keyed by the scope object's ``id`` and hold the scope itself: a hit must be the very
+    same object (``is``), and as the entry keeps it alive its id cannot be reused by another scope.
+    The surrogate builds its scopes through an LRU cache, so the same chain gives the same object.
+
+    ``residuals`` is answered from an index of the history's scope keys per grouping level
+    (built once per objective) instead of a scan of the history per call; it returns exactly
+    what :meth:`koi.surrogate.residual.ResidualModel.residuals` returns (same levels in the
+    same order, same minimum count, the residuals in record order).
+    """
+
+    def _m(self) -> dict[tuple, Any]:
+        d = self.__dict__.get("_memo")
+        if d is None:
+            d = {}
+            object.__setattr__(self, "_memo", d)
+        return d
+
+    def _get(self, k: tuple, scope: Any) -> Any:
+        """The memoized value of ``k`` if it was computed for this very scope object, else ``_MISS``."""
+        hit = self._m().get(k)
+        return hit[1] if hit is not None and hit[0] is scope else _MISS
+
+    def _put(self, k: tuple, scope: Any, value: Any) -> Any:
+        self._m()[k] = (scope, value)
+        return value
+
+    def speed(self, scope: Any, skip: tuple[str, ...] = ()) -> float:
+        k = ("speed", id(scope), skip)
+        v = self._get(k, scope)
+        if v is _MISS:
+            v = self._put(k, scope, super().speed(scope, skip))  # type: ignore[misc]
+        return v
+
+    def factor(self, quantity: str, scope: Any, skip: tuple[str, ...] = ()) -> float:
+        k = ("factor", quantity, id(scope), skip)
+        v = self._get(k, scope)
+        if v is _MISS:
+            v = self._put(k, scope, super().factor(quantity, scope, skip))  # type: ignore[misc]
+        return v
+
+    def support(self, scope: Any) -> int:
+        k = ("support", id(scope))
+        v = self._get(k, scope)
+        if v is _MISS:
+            v = self._put(k, scope, super().support(scope))  # type: ignore[misc]
+        return v
+
+    def _index(self, objective: str) -> dict[str, dict[str, np.ndarray]]:
+        m = self._m()
+        k = ("index", objective)
+        if k not in m:
+            scopes, _r = self.history[objective]  # type: ignore[attr-defined]
+            idx: dict[str, dict[str, np.ndarray]] = {}
+            for e in ("fine", "scope", "env", "gpu"):
+                groups: dict[str, list[int]] = {}
+                for i, s in enumerate(scopes):
+                    groups.setdefault(s.key(e), []).append(i)
+                idx[e] = {key: np.asarray(ix, dtype=np.intp) for key, ix in groups.items()}
+            m[k] = idx
+        return m[k]
+
+    def residuals(self, objective: str, scope: Any = None, *, min_count: int | None = None) -> np.ndarray:
+        from koi import variables
+        from koi.surrogate.residual import MIN_RESIDUALS
+
+        n_min = MIN_RESIDUALS if min_count is None else min_count
+        if scope is None or objective not in self.history:  # type: ignore[attr-defined]
+            return super().residuals(objective, scope, min_count=n_min)  # type: ignore[misc]
+        k = ("residuals", objective, id(scope), n_min)
+        out = self._get(k, scope)
+        if out is _MISS:
+            variables.get(objective)
+            _scopes, r = self.history[objective]  # type: ignore[attr-defined]
+            idx = self._index(objective)
+            out = None
+            for e in ("fine", "scope", "env", "gpu"):
+                ix = idx[e].get(scope.key(e))
+                if ix is not None and len(ix) >= n_min:
+                    out = r[ix]
+                    break
+            if out is None:
+                out = r.copy() if len(r) >= n_min else np.zeros(0)
+            self._put(k, scope, out)
+        return out.copy()
+
+
+_MEMO_CLASSES: dict[type, type] = {}
+
+
+_MISS = object()
+
+
+def memo_residuals(model: Any) -> Any:
+    """``model`` (a fitted ResidualModel) with memoized lookups; an empty one, or with MEMO off, as is."""
+    if not MEMO or not getattr(model, "n_records", 0) or isinstance(model, _MemoMixin):
+        return model
+    import dataclasses
+
+    base = type(model)
+    cls = _MEMO_CLASSES.get(base)
+    if cls is None:
+        name = f"Memo{base.__name__}"
+        cls = _MEMO_CLASSES[base] = type(name, (_MemoMixin, base), {"__module__": __name__, "__qualname__": name})
+        globals().setdefault(name, cls)  # picklable by name
+    return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})

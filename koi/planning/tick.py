@@ -23,6 +23,7 @@ commensurate (see :mod:`koi.scoring.tchebycheff`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -60,14 +61,43 @@ def load_planning_context(session: Session, cluster_id: str, tick: int, *,
     exploration = ExplorationModel(edge_beliefs=edge_beliefs_from(beliefs),
                                    mechanisms=views_from_causal(registry, beliefs), omega_m=knobs.omega_m)
     if predictor is None:
-        from koi.planning.surrogate_adapter import SurrogatePredictor
-        from koi.store import query_perf
-        from koi.surrogate import Surrogate
-
-        records = query_perf(session, cluster_id=cluster_id)
-        predictor = SurrogatePredictor(Surrogate.from_records(records) if records else None)
+        predictor = fitted_predictor(session, cluster_id)
     return PlanningContext(predictor=predictor, knobs=knobs, exploration=exploration, history=_history(slow),
                            cluster_id=cluster_id, tick=tick)
+
+
+#: Fitted predictors by the digest of the PerfDB records they were fitted on (newest last).
+_FITTED: OrderedDict[str, Predictor] = OrderedDict()
+_FITTED_MAX = 4
+
+
+def fitted_predictor(session: Session, cluster_id: str) -> Predictor:
+    """The surrogate fitted on the cluster's PerfDB records (the default surrogate when there are none).
+
+    A fit is a pure function of the records (in the store's order), so one fitted predictor is
+    reused while the records are unchanged: S4 and S5 of a tick (and the repair round) share it,
+    with its memoized predictions (:mod:`koi.planning.surrogate_adapter`), instead of fitting
+    twice. Performance only: the predictions are the same.
+    """
+    from koi.planning.surrogate_adapter import SurrogatePredictor, memo_residuals
+    from koi.store import digest, query_perf
+    from koi.surrogate import Surrogate
+
+    records = query_perf(session, cluster_id=cluster_id)
+    if not records:
+        return SurrogatePredictor(None)
+    key = digest(records)
+    hit = _FITTED.get(key)
+    if hit is not None:
+        _FITTED.move_to_end(key)
+        return hit
+    sur = Surrogate.from_records(records)
+    sur.residuals = memo_residuals(sur.residuals)
+    pred = SurrogatePredictor(sur)
+    _FITTED[key] = pred
+    while len(_FITTED) > _FITTED_MAX:
+        _FITTED.popitem(last=False)
+    return pred
 
 
 def _inputs_digest(snapshot: ClusterSnapshot, ctx: PlanningContext, extra: Any = None) -> str:

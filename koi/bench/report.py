@@ -1,0 +1,331 @@
+"""Tables of a benchmark (the paper's Tables 1–4 layout), the ablation table, the formulas, JSON.
+
+From cached runs (:class:`~koi.bench.cache.RunResult`), grouped by policy and aggregated
+over seeds with :func:`koi.bench.evaluator.aggregate` (mean ± sample std):
+
+- the main table, one row per policy (Koi's ablations aside) grouped by family in table order, columns as in the
+  paper's Tables 1–2: Batch progress %, Admit online %, Admit batch %, $/token (×10⁻⁴, the
+  cost per SLO token), TTFT met %, TPOT met %, Goodput tok/s, Overall score (the composite);
+  the oracle row is marked as an upper bound and left out of best/second-best; a "Δ vs.
+  best baseline" row compares Koi with the best non-Koi policy by overall score (pp for
+  percentages, % for goodput, $/token and score, as the paper does);
+- the ablation table (Table 4 layout): Koi and its ablations (koi-nodag, koi-frozen,
+  koi-scripted) and the language-model planners when they ran;
+- the formulas, verbatim from :data:`koi.bench.evaluator.FORMULAS`.
+
+Written as Markdown (``report.md``) and CSV (``table_main.csv``, ``table_ablation.csv``), with
+``summary.json`` (every policy's mean and std of every metric), under the scenario's report
+directory. Best values are bold and second-best underlined (ties: every matching method).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from koi.bench.cache import RunResult
+from koi.bench.evaluator import FORMULAS, aggregate
+from koi.bench.policy import Family
+
+#: (metric, header, scale, higher is better, percent) in the paper's column order.
+MAIN_COLUMNS: tuple[tuple[str, str, float, bool, bool], ...] = (
+    ("batch_progress_pct", "Batch progress (%)", 1.0, True, True),
+    ("online_admission_pct", "Admit online (%)", 1.0, True, True),
+    ("batch_admission_pct", "Admit batch (%)", 1.0, True, True),
+    ("cost_per_slo_token", "$/token (×1e-4)", 1e4, False, False),
+    ("ttft_attainment_pct", "TTFT met (%)", 1.0, True, True),
+    ("tpot_attainment_pct", "TPOT met (%)", 1.0, True, True),
+    ("goodput_tok_s", "Goodput (tok/s)", 1.0, True, False),
+    ("composite", "Overall score", 1.0, True, False),
+)
+#: Koi and its ablations, in the ablation table's order; LLM planners join when they ran.
+ABLATION = ("koi", "koi-nodag", "koi-frozen", "koi-scripted")
+LLM_ABLATION = ("llm-only", "koi-llm")
+KOI = "koi"
+ORACLE_MARK = " (upper bound)"
+
+
+@dataclass
+class PolicyRow:
+    policy: str
+    label: str
+    family: str
+    seeds: list[int]
+    stats: dict[str, tuple[float, float]]
+    wall_s: float
+    fallback_ticks: int
+    ticks: int
+
+    @property
+    def is_oracle(self) -> bool:
+        return self.family == Family.ORACLE.value
+
+    def mean(self, metric: str) -> float:
+        return self.stats[metric][0]
+
+
+def _family_order(family: str) -> int:
+    fams = [f.value for f in Family]
+    return fams.index(family) if family in fams else len(fams)
+
+
+def policy_rows(runs: Iterable[RunResult]) -> list[PolicyRow]:
+    """One row per policy (seeds aggregated), in table order: family, then policy name."""
+    by: dict[str, list[RunResult]] = {}
+    for r in runs:
+        by.setdefault(r.key.policy, []).append(r)
+    rows = []
+    for name, rs in by.items():
+        rs = sorted(rs, key=lambda r: r.key.seed)
+        rows.append(PolicyRow(
+            policy=name, label=rs[0].meta.label, family=rs[0].meta.family, seeds=[r.key.seed for r in rs],
+            stats=aggregate([r.metrics for r in rs]), wall_s=sum(r.meta.wall_s for r in rs) / len(rs),
+            fallback_ticks=sum(r.meta.ticks_fallback for r in rs), ticks=sum(r.meta.n_ticks for r in rs),
+        ))  # fmt: skip
+    return sorted(rows, key=lambda p: (_family_order(p.family), p.policy))
+
+
+# ---- formatting ---------------------------------------------------------------------------------------------
+def _num(x: float, scale: float = 1.0) -> str:
+    if x is None or not math.isfinite(x):
+        return "∞" if x is not None and x > 0 else "–"
+    v = x * scale
+    return f"{v:.2f}"
+
+
+def cell(stats: tuple[float, float], scale: float = 1.0, n: int = 1) -> str:
+    mean, std = stats
+    if n > 1 and math.isfinite(mean):
+        return f"{_num(mean, scale)} ± {_num(std, scale)}"
+    return _num(mean, scale)
+
+
+def _ranks(rows: Sequence[PolicyRow], metric: str, higher: bool) -> tuple[set[str], set[str]]:
+    """Policies with the best and the second-best mean (ties share a place); the oracle is left out."""
+    vals = sorted({round(r.mean(metric), 9) for r in rows if not r.is_oracle and math.isfinite(r.mean(metric))},
+                  reverse=higher)
+    best = {r.policy for r in rows if not r.is_oracle and vals and round(r.mean(metric), 9) == vals[0]}
+    second = {r.policy for r in rows if not r.is_oracle and len(vals) > 1 and round(r.mean(metric), 9) == vals[1]}
+    return best, second
+
+
+def _label(r: PolicyRow) -> str:
+    return r.label + (ORACLE_MARK if r.is_oracle else "")
+
+
+def delta_vs_best(rows: Sequence[PolicyRow], subject: str = KOI, *, ablations: bool = False) -> dict[str, str] | None:
+    """``subject`` against the best other policy by overall score (percentage points for percentages,
+    relative % for goodput, score and $/token, where lower cost counts as a gain); the oracle never
+    counts, Koi's ablations only with ``ablations``; None without both."""
+    me = next((r for r in rows if r.policy == subject), None)
+    pool = [r for r in rows if r.policy != subject and not r.is_oracle
+            and (ablations or r.family != Family.ABLATION.value)]
+    if me is None or not pool:
+        return None
+    best = max(pool, key=lambda r: r.mean("composite"))
+    out = {"vs": best.label}
+    for metric, _h, _s, _higher, pct in MAIN_COLUMNS:
+        a, b = me.mean(metric), best.mean(metric)
+        if not (math.isfinite(a) and math.isfinite(b)):
+            out[metric] = "–"
+        elif pct:
+            out[metric] = f"{a - b:+.2f}pp"
+        elif metric == "cost_per_slo_token":
+            out[metric] = f"{100.0 * (b - a) / b:+.2f}%" if b else "–"
+        else:
+            out[metric] = f"{100.0 * (a - b) / b:+.2f}%" if b else "–"
+    return out
+
+
+def markdown_table(rows: Sequence[PolicyRow], *, title: str = "", delta: dict[str, str] | None = None,
+                   by_family: bool = True) -> str:
+    head = ["Method", *[h for _m, h, *_ in MAIN_COLUMNS]]
+    lines = [f"**{title}**", ""] if title else []
+    lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(MAIN_COLUMNS)) + "|"]
+    marks = {m: _ranks(rows, m, higher) for m, _h, _s, higher, _p in MAIN_COLUMNS}
+    family = None
+    for r in rows:
+        if by_family and r.family != family:
+            family = r.family
+            lines.append(f"| *{family}* |" + " |" * len(MAIN_COLUMNS))
+        cells = []
+        for m, _h, scale, _hi, _p in MAIN_COLUMNS:
+            c = cell(r.stats[m], scale, len(r.seeds))
+            best, second = marks[m]
+            if r.policy in best:
+                c = f"**{c}**"
+            elif r.policy in second:
+                c = f"<u>{c}</u>"
+            cells.append(c)
+        lines.append(f"| {_label(r)} | " + " | ".join(cells) + " |")
+    if delta:
+        lines.append(f"| Δ vs. best baseline ({delta['vs']}) | " + " | ".join(delta[m] for m, *_ in MAIN_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def csv_table(rows: Sequence[PolicyRow]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    head = ["policy", "method", "family", "seeds"]
+    for _m, h, _s, _hi, _p in MAIN_COLUMNS:
+        head += [f"{h} mean", f"{h} std"]
+    w.writerow(head)
+    for r in rows:
+        line: list[Any] = [r.policy, _label(r), r.family, " ".join(map(str, r.seeds))]
+        for m, _h, scale, _hi, _p in MAIN_COLUMNS:
+            mean, std = r.stats[m]
+            line += [_csv_num(mean * scale), _csv_num(std * scale)]
+        w.writerow(line)
+    return buf.getvalue()
+
+
+def _csv_num(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.6g}"
+
+
+def main_rows(rows: Sequence[PolicyRow]) -> list[PolicyRow]:
+    """The main table's rows: every policy but Koi's ablations (they have their own table)."""
+    main = [r for r in rows if r.family != Family.ABLATION.value]
+    return main or list(rows)
+
+
+def ablation_rows(rows: Sequence[PolicyRow]) -> list[PolicyRow]:
+    order = [*ABLATION, *LLM_ABLATION]
+    present = {r.policy: r for r in rows if r.policy in order}
+    # Table 4 lists the language-model planners first and full Koi last
+    seq = [*LLM_ABLATION, *ABLATION[1:], KOI]
+    return [present[p] for p in seq if p in present]
+
+
+def summary(rows: Sequence[PolicyRow]) -> dict[str, Any]:
+    """Every policy's mean and std of every metric (JSON-able; infinity as None)."""
+    def clean(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return {
+        r.policy: {
+            "label": r.label, "family": r.family, "seeds": r.seeds, "n_runs": len(r.seeds),
+            "upper_bound": r.is_oracle,
+            "mean": {k: clean(v[0]) for k, v in r.stats.items()},
+            "std": {k: clean(v[1]) for k, v in r.stats.items()},
+            "wall_s_mean": round(r.wall_s, 2), "fallback_ticks": r.fallback_ticks, "ticks": r.ticks,
+        }
+        for r in rows
+    }
+
+
+@dataclass
+class Report:
+    scenario: str
+    digest: str
+    hours: float
+    rows: list[PolicyRow]
+    markdown: str
+    main_csv: str
+    ablation_csv: str
+    files: dict[str, Path]
+
+    def json(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "scenario_digest": self.digest, "hours": self.hours,
+                "policies": summary(self.rows), "files": {k: str(v) for k, v in self.files.items()}}
+
+
+def build_markdown(scenario: str, digest: str, hours: float, rows: Sequence[PolicyRow], runs: Sequence[RunResult],
+                   figures: dict[str, Path] | None = None) -> str:
+    abl = ablation_rows(rows)
+    main = main_rows(rows)
+    ticks = sorted({r.meta.n_ticks for r in runs})
+    parts = [
+        f"# Benchmark report: {scenario}",
+        "",
+        f"Scenario digest `{digest[:12]}`, {hours:g} h ({', '.join(map(str, ticks))} ticks of "
+        f"{runs[0].meta.tick_s:g} s), {len(runs)} runs over {len(rows)} policies. Values are mean ± std over "
+        "seeds; bold marks the best value and underline the second-best (ties: every matching method); the "
+        "oracle reads the simulator's true performance and is an upper bound, not a competitor.",
+        "",
+        markdown_table(main, title=f"Table: {scenario}", delta=delta_vs_best(main)),
+        "",
+    ]
+    if abl:
+        parts += [markdown_table(abl, title="Ablations: Koi and its variants", by_family=False,
+                                 delta=delta_vs_best(abl, ablations=True)), ""]
+    codes = sorted({r.meta.code_digest for r in runs})
+    if len(codes) > 1:
+        parts += [f"**Note:** these runs were made by {len(codes)} different versions of the code "
+                  f"({', '.join(c or '?' for c in codes)}); `koi bench run --fresh` recomputes them.", ""]
+    parts += ["## Runs", "", "| Method | seeds | mean wall s / run | fallback ticks | ticks |", "|---|---|---:|---:|---:|"]
+    for r in rows:
+        parts.append(f"| {_label(r)} | {' '.join(map(str, r.seeds))} | {r.wall_s:.1f} | {r.fallback_ticks} | {r.ticks} |")
+    parts += ["", "## Metrics: the exact formulas", "", "From `koi/bench/evaluator.py` (FORMULAS), verbatim:", "",
+              "```text", FORMULAS, "```", ""]
+    parts += ["$/token (×1e-4) is the cost per SLO token multiplied by 10⁴; Overall score is the composite.", ""]
+    if figures:
+        parts += ["## Figures", ""]
+        for name, p in figures.items():
+            parts.append(f"![{name}]({p.name})")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def write_report(scenario: str, digest: str, hours: float, runs: Sequence[RunResult], out_dir: Path, *,
+                 figures: dict[str, Path] | None = None) -> Report:
+    """Write report.md, the CSV tables and summary.json for these runs; return the report."""
+    if not runs:
+        raise ValueError(f"no cached runs of {scenario!r} to report on")
+    rows = policy_rows(runs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = build_markdown(scenario, digest, hours, rows, runs, figures)
+    main_csv, abl_csv = csv_table(main_rows(rows)), csv_table(ablation_rows(rows))
+    files = {"markdown": out_dir / "report.md", "main_csv": out_dir / "table_main.csv",
+             "ablation_csv": out_dir / "table_ablation.csv", "summary": out_dir / "summary.json"}
+    files["markdown"].write_text(md, encoding="utf-8")
+    files["main_csv"].write_text(main_csv, encoding="utf-8")
+    files["ablation_csv"].write_text(abl_csv, encoding="utf-8")
+    rep = Report(scenario=scenario, digest=digest, hours=hours, rows=rows, markdown=md, main_csv=main_csv,
+                 ablation_csv=abl_csv, files={**files, **(figures or {})})
+    files["summary"].write_text(json.dumps(rep.json(), indent=1), encoding="utf-8")
+    return rep
+
+
+def select_runs(scenario: str, *, cache_dir: str | Path | None = None, hours: float | None = None,
+                via: str = "in-process") -> tuple[str, str, float, list[RunResult]]:
+    """(scenario name, digest, hours, runs) to report on: the cached runs of the scenario's current
+    file at ``hours`` (default: its duration; when none ran that long, the horizon most runs used)."""
+    from collections import Counter
+
+    from koi.bench.cache import RunCache, scenario_digest
+    from koi.bench.runner import load
+
+    sc, _path = load(scenario)
+    digest = scenario_digest(sc)
+    cache = RunCache(cache_dir, via=via)
+    runs = cache.runs(sc.name, digest=digest)
+    h = float(hours) if hours is not None else sc.duration_s / 3600.0
+    chosen = [r for r in runs if abs(r.key.hours - h) < 1e-9]
+    if not chosen and hours is None and runs:
+        h = Counter(r.key.hours for r in runs).most_common(1)[0][0]
+        chosen = [r for r in runs if abs(r.key.hours - h) < 1e-9]
+    return sc.name, digest, h, chosen
+
+
+def rebuild(scenario: str, *, cache_dir: str | Path | None = None, hours: float | None = None,
+            via: str = "in-process", figures: bool = True) -> Report:
+    """Tables and figures of a scenario from its cached runs, written under its report directory."""
+    from koi.bench.cache import RunCache
+
+    name, digest, h, runs = select_runs(scenario, cache_dir=cache_dir, hours=hours, via=via)
+    if not runs:
+        raise LookupError(f"no cached runs of {scenario!r} (hours {h:g}); run `koi bench run --scenario {scenario}` first")
+    out = RunCache(cache_dir, via=via).report_dir(name)
+    figs: dict[str, Path] = {}
+    if figures:
+        from koi.bench.figures import write_figures
+
+        figs = write_figures(runs, out, policy_rows(runs))
+    return write_report(name, digest, h, runs, out, figures=figs)

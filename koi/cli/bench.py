@@ -1,0 +1,365 @@
+"""``koi bench run|report|policies``: the benchmark suite (issue 8) from the command line.
+
+``koi bench run --scenario hetero-3h --policies all --seeds 3 [--hours H] [--jobs 2]`` runs every
+(policy, seed) not already cached, in ``--jobs`` worker processes (each runs whole runs), with
+a progress bar for the suite and one per running run (ticks); then writes the tables and
+figures under ``KOI_DATA_DIR/bench/<scenario>/report/`` and prints the main table.
+``koi bench report --scenario hetero-3h`` rebuilds them from the cache; ``--json`` prints one
+JSON document (every policy's mean and std of every metric).
+
+Extra policies (experiments, tests) register themselves when their module is imported: name the
+modules in ``KOI_BENCH_POLICY_MODULES`` (comma-separated) and every worker imports them.
+
+``--via temporal`` runs each run through Temporal instead (a local dev server, a worker and
+the ClusterWorkflow in simulated mode), one run at a time in a child process
+(``python -m workers.bench``: the orchestration rooms stay out of ``koi/``); those runs are
+cached apart (``runs-temporal/``) and reported with ``koi bench report --via temporal``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue as queue_mod
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from koi.cli.output import console, emit, err_console, fail
+
+app = typer.Typer(help="Benchmarks: run policies on scenarios (cached), rebuild the paper's tables and figures.",
+                  no_args_is_help=True)
+
+JSON = typer.Option(False, "--json", help="print one JSON document")
+SCENARIO = typer.Option("hetero-3h", "--scenario", help="a scenario name (koi/bench/scenarios, demo) or a YAML path")
+CACHE = typer.Option(None, "--cache-dir", help="cache root (default: KOI_DATA_DIR/bench)")
+VIA = typer.Option("in-process", "--via", help="in-process | temporal")
+
+
+def _quiet(verbose: bool) -> None:
+    from koi.logging import configure
+
+    configure(level="INFO" if verbose else "WARNING")
+    if not verbose:
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+
+def _plugins() -> None:
+    """Import the modules named in ``KOI_BENCH_POLICY_MODULES`` (comma-separated): extra policies
+    register themselves on import, here and in every worker process."""
+    import importlib
+
+    for name in [m.strip() for m in os.environ.get("KOI_BENCH_POLICY_MODULES", "").split(",") if m.strip()]:
+        importlib.import_module(name)
+
+
+def _policies(names: str) -> list[Any]:
+    from koi.bench.policy import all_policies, get_policy
+    from koi.config import get_settings
+
+    _plugins()
+
+    if names.strip().lower() == "all":
+        specs = all_policies(llm_configured=bool(get_settings().llm_base_url))
+        if not specs:
+            fail("no policies are registered (koi.bench.policies has not landed)")
+        return specs
+    out = []
+    for n in [x.strip() for x in names.split(",") if x.strip()]:
+        try:
+            out.append(get_policy(n))
+        except KeyError as exc:
+            fail(str(exc.args[0]))
+    return out
+
+
+# ---- worker processes ---------------------------------------------------------------------------------------
+def _init_worker(verbose: bool) -> None:
+    _quiet(verbose)
+    _plugins()
+
+
+def _run_in_worker(spec: Any, cache_dir: str | None, fresh: bool, q: Any) -> dict[str, Any]:
+    from koi.bench.runner import run_one
+
+    rid = f"{spec.policy}/{spec.seed}"
+
+    def tick(done: int, total: int) -> None:
+        q.put(("tick", rid, done, total))
+
+    q.put(("start", rid, 0, 0))
+    r = run_one(spec.scenario, spec.policy, spec.seed, hours=spec.hours, cache_dir=cache_dir, fresh=fresh, on_tick=tick)
+    q.put(("done", rid, 0, 0))
+    return _brief(r)
+
+
+def _brief(r: Any) -> dict[str, Any]:
+    m = r.metrics
+    return {"policy": r.key.policy, "seed": r.key.seed, "hours": r.key.hours, "cached": r.cached,
+            "via": r.meta.via, "wall_s": r.meta.wall_s, "cpu_s": r.meta.cpu_s, "load_after": r.meta.load_after,
+            "ticks": r.meta.n_ticks, "fallback_ticks": r.meta.ticks_fallback, "composite": m.composite,
+            "goodput_tok_s": m.goodput_tok_s}
+
+
+def _progress():  # noqa: ANN202 - rich Progress
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err_console, transient=False)
+
+
+def _run_parallel(todo: list[Any], cache_dir: str | None, fresh: bool, jobs: int, verbose: bool,
+                  show: bool) -> list[dict[str, Any]]:
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ctx = mp.get_context("spawn")
+    manager = ctx.Manager()
+    q = manager.Queue()
+    out: list[dict[str, Any]] = []
+    prog = _progress() if show else None
+    bars: dict[str, Any] = {}
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(verbose,)) as pool:  # fmt: skip
+            futs = {pool.submit(_run_in_worker, s, cache_dir, fresh, q): s for s in todo}
+            if prog:
+                prog.start()
+                overall = prog.add_task("suite", total=len(todo))
+            pending = set(futs)
+            while pending:
+                done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                _drain(q, prog, bars)
+                for f in done:
+                    s = futs[f]
+                    try:
+                        out.append(f.result())
+                    except Exception as exc:  # noqa: BLE001 - one failed run does not stop the suite
+                        err_console.print(f"[red]run {s.policy} seed {s.seed} failed:[/] {type(exc).__name__}: {exc}")
+                        out.append({"policy": s.policy, "seed": s.seed, "error": f"{type(exc).__name__}: {exc}"})
+                    if prog:
+                        prog.advance(overall)
+            _drain(q, prog, bars)
+    finally:
+        if prog:
+            prog.stop()
+        manager.shutdown()
+    return out
+
+
+def _drain(q: Any, prog: Any, bars: dict[str, Any]) -> None:
+    while True:
+        try:
+            kind, rid, done, total = q.get_nowait()
+        except queue_mod.Empty:
+            return
+        if prog is None:
+            continue
+        if kind == "start" and rid not in bars:
+            bars[rid] = prog.add_task(f"  {rid}", total=None)
+        elif kind == "tick" and rid in bars:
+            prog.update(bars[rid], completed=done, total=total)
+        elif kind == "done" and rid in bars:
+            prog.remove_task(bars.pop(rid))
+
+
+def _run_serial(todo: list[Any], cache_dir: str | None, fresh: bool, show: bool) -> list[dict[str, Any]]:
+    from koi.bench.runner import run_one
+
+    out = []
+    prog = _progress() if show else None
+    if prog:
+        prog.start()
+        overall = prog.add_task("suite", total=len(todo))
+    try:
+        for s in todo:
+            task = prog.add_task(f"  {s.policy}/{s.seed}", total=None) if prog else None
+
+            def tick(done: int, total: int, task: Any = task) -> None:
+                if prog:
+                    prog.update(task, completed=done, total=total)
+
+            try:
+                out.append(_brief(run_one(s.scenario, s.policy, s.seed, hours=s.hours, cache_dir=cache_dir,
+                                          fresh=fresh, on_tick=tick)))
+            except Exception as exc:  # noqa: BLE001
+                err_console.print(f"[red]run {s.policy} seed {s.seed} failed:[/] {type(exc).__name__}: {exc}")
+                out.append({"policy": s.policy, "seed": s.seed, "error": f"{type(exc).__name__}: {exc}"})
+            if prog:
+                prog.remove_task(task)
+                prog.advance(overall)
+    finally:
+        if prog:
+            prog.stop()
+    return out
+
+
+def _run_temporal(todo: list[Any], cache_dir: str | None, fresh: bool, verbose: bool) -> list[dict[str, Any]]:
+    """Each run through Temporal in a child process (``python -m workers.bench``), one at a time."""
+    out = []
+    for s in todo:
+        cmd = [sys.executable, "-m", "workers.bench", "--scenario", str(s.scenario), "--policy", s.policy,
+               "--seed", str(s.seed)]
+        if s.hours is not None:
+            cmd += ["--hours", str(s.hours)]
+        if cache_dir:
+            cmd += ["--cache-dir", str(cache_dir)]
+        if fresh:
+            cmd.append("--fresh")
+        if verbose:
+            cmd.append("--verbose")
+        err_console.print(f"[bold]temporal[/] {s.policy} seed {s.seed} …")
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+        if proc.returncode != 0:
+            out.append({"policy": s.policy, "seed": s.seed, "error": f"workers.bench exited {proc.returncode}"})
+            continue
+        out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
+# ---- commands ---------------------------------------------------------------------------------------------
+MAIN_COLS = ["Method", "Batch progress (%)", "Admit online (%)", "Admit batch (%)", "$/token (×1e-4)", "TTFT met (%)",
+             "TPOT met (%)", "Goodput (tok/s)", "Overall score"]
+
+
+def _print_table(rep: Any) -> None:
+    from koi.bench.report import MAIN_COLUMNS, ablation_rows, cell, main_rows
+
+    def rows_of(prs: list[Any]) -> list[dict[str, str]]:
+        rows = []
+        for r in prs:
+            row = {"Method": r.label + (" (upper bound)" if r.is_oracle else "")}
+            for (m, _h, scale, _hi, _p), col in zip(MAIN_COLUMNS, MAIN_COLS[1:], strict=True):
+                row[col] = cell(r.stats[m], scale, len(r.seeds))
+            rows.append(row)
+        return rows
+
+    emit(rows_of(main_rows(rep.rows)), False, title=f"{rep.scenario}: {rep.hours:g} h, mean ± std over seeds",
+         columns=MAIN_COLS)
+    abl = ablation_rows(rep.rows)
+    if len(abl) > 1:
+        emit(rows_of(abl), False, title="ablations", columns=MAIN_COLS)
+    console.print(f"report: {rep.files['markdown']}")
+
+
+@app.command()
+def run(
+    scenario: str = SCENARIO,
+    policies: str = typer.Option("all", "--policies", help="'all' or comma-separated policy names"),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="how many seeds (first-seed … first-seed + N − 1)"),
+    first_seed: int = typer.Option(0, "--first-seed", min=0),
+    hours: float | None = typer.Option(None, "--hours", help="simulated hours (default: the scenario's duration)"),
+    jobs: int = typer.Option(2, "--jobs", min=1, help="worker processes (each runs whole runs)"),
+    fresh: bool = typer.Option(False, "--fresh", help="recompute runs even when cached"),
+    via: str = VIA,
+    cache_dir: Path | None = CACHE,
+    no_report: bool = typer.Option(False, "--no-report", help="skip the tables and figures"),
+    verbose: bool = typer.Option(False, "--verbose", help="the pipeline's logs on stderr"),
+    json_out: bool = JSON,
+) -> None:
+    """Run policies × seeds on a scenario (cached runs are not recomputed), then report."""
+    from koi.bench.cache import RunCache
+    from koi.bench.report import rebuild
+    from koi.bench.runner import RunSpec, load, n_ticks_for, run_key
+
+    _quiet(verbose)
+    if via not in ("in-process", "temporal"):
+        fail(f"--via must be in-process or temporal, not {via!r}")
+    try:
+        sc, path = load(scenario)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+        return
+    specs = _policies(policies)
+    h, _n = n_ticks_for(sc, hours)
+    target = str(path) if path is not None else scenario
+    todo_all = [RunSpec(target, p.name, s, h) for p in specs for s in range(first_seed, first_seed + seeds)]
+    cache = RunCache(str(cache_dir) if cache_dir else None, via=via)
+    from koi.bench.cache import code_digest
+
+    hits = {s: None if fresh else cache.load(run_key(sc, s.policy, s.seed, h)) for s in todo_all}
+    todo = [s for s in todo_all if hits[s] is None]
+    cached = [s for s in todo_all if s not in todo]
+    stale = [s for s in cached if hits[s].meta.code_digest != code_digest()]  # type: ignore[union-attr]
+    if stale and not json_out:
+        err_console.print(f"[yellow]{len(stale)} cached run(s) were made by other code; --fresh recomputes them[/]")
+    show = not json_out and sys.stderr.isatty() or os.environ.get("KOI_PROGRESS") == "1"
+    if not json_out:
+        err_console.print(f"{sc.name}: {len(specs)} policies × {seeds} seeds, {h:g} h; {len(cached)} cached, "
+                          f"{len(todo)} to run ({'temporal' if via == 'temporal' else f'{min(jobs, max(len(todo), 1))} process(es)'})")
+    t0 = time.perf_counter()
+    cd = str(cache_dir) if cache_dir else None
+    if via == "temporal":
+        ran = _run_temporal(todo, cd, fresh, verbose)
+    elif jobs > 1 and len(todo) > 1:
+        ran = _run_parallel(todo, cd, fresh, min(jobs, len(todo)), verbose, show)
+    else:
+        ran = _run_serial(todo, cd, fresh, show)
+    wall = time.perf_counter() - t0
+    briefs = [{"policy": s.policy, "seed": s.seed, "cached": True, "stale_code": s in stale} for s in cached] + ran
+    load_avg = os.getloadavg() if hasattr(os, "getloadavg") else None
+    doc: dict[str, Any] = {"scenario": sc.name, "hours": h, "via": via, "wall_s": round(wall, 2),
+                           "load_avg": list(load_avg) if load_avg else None, "runs": briefs}
+    errors = [b for b in ran if "error" in b]
+    if not no_report:
+        try:
+            rep = rebuild(target, cache_dir=cd, hours=h, via=via)
+            doc["report"] = rep.json()
+        except LookupError as exc:
+            rep = None
+            doc["report"] = None
+            err_console.print(f"[yellow]{exc}[/]")
+    else:
+        rep = None
+    if json_out:
+        emit(doc, True)
+    else:
+        err_console.print(f"suite wall {wall:.1f} s, load average {', '.join(f'{x:.2f}' for x in load_avg or [])}")
+        if rep is not None:
+            _print_table(rep)
+    if errors:
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    scenario: str = SCENARIO,
+    hours: float | None = typer.Option(None, "--hours", help="the horizon to report (default: the scenario's)"),
+    via: str = VIA,
+    cache_dir: Path | None = CACHE,
+    no_figures: bool = typer.Option(False, "--no-figures"),
+    json_out: bool = JSON,
+) -> None:
+    """Rebuild the tables and figures from cached runs; --json prints each policy's mean metrics."""
+    from koi.bench.report import rebuild
+
+    _quiet(False)
+    try:
+        rep = rebuild(scenario, cache_dir=str(cache_dir) if cache_dir else None, hours=hours, via=via,
+                      figures=not no_figures)
+    except (LookupError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+        return
+    if json_out:
+        emit(rep.json(), True)
+        return
+    _print_table(rep)
+
+
+@app.command()
+def policies(json_out: bool = JSON) -> None:
+    """The registered policies in table order."""
+    from koi.bench.policy import all_policies
+
+    rows = [{"name": p.name, "label": p.label, "family": p.family.value, "S2": p.run_s2, "S3": p.run_s3,
+             "needs_llm": p.needs_llm, "stochastic": p.stochastic} for p in all_policies(llm_configured=True)]
+    emit(rows, json_out, title=f"{len(rows)} policies")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="bench")

@@ -1,0 +1,188 @@
+"""Benchmark reports (issue 8): the paper's table layout, the ablation table, the formulas, the figures,
+and ``koi bench report --json`` — from cached runs.
+
+Most tests write hand-made runs into a cache (every policy family, the oracle, Koi's ablations, two
+seeds each) so the tables can be checked exactly; one builds the report from a real run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+from test_bench_runner import HOURS, STATIC, write_tiny
+
+from koi.bench.cache import JobInfo, RunCache, RunMeta, RunResult
+from koi.bench.evaluator import FORMULAS, Metrics, TickTrace
+from koi.bench.policy import Family
+from koi.bench.report import MAIN_COLUMNS, policy_rows, rebuild
+from koi.bench.runner import load, run_key, run_one
+from koi.sim.records import RECORD_DTYPE
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+POLICIES = [  # name, label, family, composite at seed 0
+    ("fcfs", "FCFS + first-fit", Family.NON_LEARNING, 40.0),
+    ("bandit", "Contextual bandit", Family.GLOBAL, 45.0),
+    ("evo", "Rolling EvoX", Family.EVOLUTIONARY, 52.0),
+    ("koi", "Koi", Family.KOI, 70.0),
+    ("koi-nodag", "Koi without DAG/mechanisms", Family.ABLATION, 58.0),
+    ("koi-frozen", "Koi without online learning", Family.ABLATION, 55.0),
+    ("oracle", "Oracle (true performance)", Family.ORACLE, 90.0),
+]
+
+
+def metrics(composite: float, seed: int) -> Metrics:
+    c = composite + seed  # seeds differ by one point: std 0.7071 over two seeds
+    return Metrics(
+        online_admission_pct=90.0 + seed, batch_admission_pct=80.0, batch_progress_pct=c, deadline_attainment_pct=50.0,
+        ttft_attainment_pct=c / 2, tpot_attainment_pct=c / 1.5, goodput_tok_s=10 * c, cost_per_slo_token=1e-4 / c,
+        fleet_cost_usd=100.0, slo_tokens=1e6, demanded_tokens=2e6, swaps=3, keeps=10, quality=c, coverage=c,
+        efficiency=c, composite=c, online_requests=1000, batch_requests=500,
+    )  # fmt: skip
+
+
+def trace(learning: bool, seed: int) -> list[TickTrace]:
+    out = []
+    for n in range(3):
+        out.append(TickTrace(
+            tick=n, t=300.0 * n, swaps=int(n == 2), keeps=2, places=int(n == 0),
+            gpus_by_job={"chat-8b": {"L40S": 4 - n}, "moderation": {"L4": 2}},
+            serving_jobs=["chat-8b"] if n else [],
+            actions={"chat-8b": "place"} if n == 0 else ({"chat-8b": "swap"} if n == 2 else {}),
+            dro_radius=0.2 - 0.01 * n + 0.001 * seed if learning else None,
+            active_mechanisms=5 + n if learning else None, cumulative_mechanisms=5 + 2 * n if learning else None,
+            mean_u=0.4 / (n + 1) if learning else None, ttft_attainment=80.0 + n, tpot_attainment=90.0 - n,
+        ))  # fmt: skip
+    return out
+
+
+def fake(sc, name: str, label: str, family: Family, composite: float, seed: int) -> RunResult:  # noqa: ANN001
+    learning = name.startswith("koi")
+    return RunResult(
+        key=run_key(sc, name, seed, HOURS),
+        meta=RunMeta(label=label, family=family.value, cluster_id=f"c-{name}", tick_s=300.0, n_ticks=3,
+                     horizon_s=900.0, ticks_committed=3, ticks_fallback=0, wall_s=10.0 + seed, cpu_s=9.0),
+        metrics=metrics(composite, seed), trace=trace(learning, seed), plans=["a", "b", "c"],
+        jobs=[JobInfo(job_id="chat-8b", job_class="online", model="llama-3.1-8b", submitted_at=0.0),
+              JobInfo(job_id="moderation", job_class="online", model="llama-3.2-1b", submitted_at=0.0)],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    path = write_tiny(root)
+    sc, _ = load(path)
+    cache = RunCache(root / "cache")
+    for name, label, fam, comp in POLICIES:
+        for seed in (0, 1):
+            cache.save(fake(sc, name, label, fam, comp, seed), np.zeros(0, RECORD_DTYPE))
+    rep = rebuild(str(path), cache_dir=root / "cache", hours=HOURS)
+    return path, root / "cache", rep
+
+
+def test_the_main_table_has_every_policy_in_family_order_with_mean_and_std(suite):
+    _path, _cache, rep = suite
+    assert [r.policy for r in rep.rows] == ["fcfs", "bandit", "evo", "koi", "koi-frozen", "koi-nodag", "oracle"]
+    md = rep.markdown
+    main = md.split("Ablations: Koi and its variants", 1)[0]
+    for _name, label, fam, _c in POLICIES:
+        assert (f"| {label}" in main) == (fam is not Family.ABLATION), label
+    assert "Oracle (true performance) (upper bound)" in md
+    header = "| Method | Batch progress (%) | Admit online (%) | Admit batch (%) | $/token (×1e-4) | TTFT met (%) | " \
+             "TPOT met (%) | Goodput (tok/s) | Overall score |"
+    assert header in md
+    # Koi: composite 70 and 71 over the seeds -> 70.50 ± 0.71, the best non-oracle value (bold)
+    koi_line = next(line for line in md.splitlines() if line.startswith("| Koi |"))
+    assert "**70.50 ± 0.71**" in koi_line
+    # $/token ×1e-4: 1e-4/70.5 mean of (1/70, 1/71) -> lower is better, Koi best
+    cells = [c.strip() for c in koi_line.strip("|").split("|")]
+    assert cells[4].startswith("**0.01 ± 0.00")
+    # second best (EvoX at 52.5) is underlined; the oracle (90.5) is not marked
+    evo_line = next(line for line in md.splitlines() if line.startswith("| Rolling EvoX |"))
+    assert "<u>52.50 ± 0.71</u>" in evo_line
+    oracle_line = next(line for line in md.splitlines() if line.startswith("| Oracle"))
+    assert "**" not in oracle_line and "<u>" not in oracle_line
+    # Δ vs the best baseline (EvoX by overall score): +18pp batch progress, +34.29% score
+    delta = next(line for line in md.splitlines() if line.startswith("| Δ vs. best baseline"))
+    assert "Rolling EvoX" in delta and "+18.00pp" in delta and f"{100 * 18 / 52.5:+.2f}%" in delta
+
+
+def test_the_ablation_table_and_the_formulas(suite):
+    _path, _cache, rep = suite
+    md = rep.markdown
+    abl = md.split("Ablations: Koi and its variants", 1)[1].split("## Runs", 1)[0]
+    rows = [line.split("|")[1].strip() for line in abl.splitlines() if line.startswith("| ") and "Method" not in line]
+    assert rows[:3] == ["Koi without DAG/mechanisms", "Koi without online learning", "Koi"]
+    assert "Δ vs. best baseline (Koi without DAG/mechanisms)" in abl
+    assert FORMULAS in md  # verbatim
+    assert "## Metrics: the exact formulas" in md
+
+
+def test_the_csv_tables(suite):
+    _path, _cache, rep = suite
+    rows = list(csv.DictReader(io.StringIO(rep.main_csv)))
+    assert [r["policy"] for r in rows] == ["fcfs", "bandit", "evo", "koi", "oracle"]
+    koi = next(r for r in rows if r["policy"] == "koi")
+    assert float(koi["Overall score mean"]) == pytest.approx(70.5)
+    assert float(koi["Overall score std"]) == pytest.approx(math.sqrt(0.5))
+    assert float(koi["$/token (×1e-4) mean"]) == pytest.approx(np.mean([1 / 70, 1 / 71]))
+    assert koi["seeds"] == "0 1"
+    abl = list(csv.DictReader(io.StringIO(rep.ablation_csv)))
+    assert [r["policy"] for r in abl] == ["koi-nodag", "koi-frozen", "koi"]
+    assert len(MAIN_COLUMNS) == 8
+
+
+def test_the_figures_are_written(suite):
+    _path, _cache, rep = suite
+    for name in ("allocation", "slo_attainment", "dro_radius", "mechanisms", "uncertainty", "ablation"):
+        p = rep.files[name]
+        assert p.is_file() and p.stat().st_size > 1000, name
+        assert p.read_bytes()[:8] == PNG
+    for k in ("markdown", "main_csv", "ablation_csv", "summary"):
+        assert rep.files[k].is_file() and rep.files[k].stat().st_size > 0
+    assert "![allocation](allocation.png)" in rep.markdown
+
+
+def test_report_json_prints_each_policys_mean_metrics(suite):
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+
+    path, cache, _rep = suite
+    res = CliRunner().invoke(app, ["bench", "report", "--scenario", str(path), "--cache-dir", str(cache), "--hours",
+                                   str(HOURS), "--json", "--no-figures"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert set(doc["policies"]) == {p[0] for p in POLICIES}
+    koi = doc["policies"]["koi"]
+    assert koi["mean"]["composite"] == pytest.approx(70.5) and koi["n_runs"] == 2 and koi["seeds"] == [0, 1]
+    assert koi["std"]["composite"] == pytest.approx(math.sqrt(0.5))
+    assert doc["policies"]["oracle"]["upper_bound"] is True
+    assert set(koi["mean"]) == set(Metrics.model_fields)
+
+
+def test_report_without_runs_fails_clearly(tmp_path):
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+
+    path = write_tiny(tmp_path)
+    res = CliRunner().invoke(app, ["bench", "report", "--scenario", str(path), "--cache-dir", str(tmp_path / "none")])
+    assert res.exit_code != 0 and "no cached runs" in res.output
+
+
+def test_a_report_from_a_real_run(tmp_path):
+    path = write_tiny(tmp_path)
+    r = run_one(path, STATIC, 0, hours=300 / 3600, cache_dir=tmp_path / "cache")
+    rep = rebuild(str(path), cache_dir=tmp_path / "cache", hours=300 / 3600)
+    assert [row.policy for row in rep.rows] == ["test-static"]
+    assert rep.rows[0].stats["composite"][0] == pytest.approx(r.metrics.composite)
+    assert rep.files["allocation"].read_bytes()[:8] == PNG
+    assert "dro_radius" not in rep.files  # no learning policy ran
+    assert policy_rows([r])[0].seeds == [0]

@@ -1,0 +1,332 @@
+"""The benchmark runner (issue 8): one run through the tick pipeline, its trace and metrics, the cache,
+determinism, the parallel suite and the ``koi bench run`` command.
+
+A tiny scenario (two pools, two online jobs and one batch job arriving at the second tick) and two
+test policies built on the pipeline's builtin deterministic proposer: ``test-det`` (S2 and S3 on,
+a learning policy) and ``test-static`` (S2/S3 skipped). Both are registered when this module is
+imported, so the suite's worker processes find them too (``KOI_BENCH_POLICY_MODULES``); the
+report and Temporal tests import them from here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from koi.bench.cache import RUNNER_VERSION, RunCache
+from koi.bench.evaluator import FORMULAS
+from koi.bench.policy import Family, PolicySpec, register
+from koi.bench.runner import load, n_ticks_for, run_key, run_one
+from koi.sim.records import RECORD_DTYPE
+
+LN = {"kind": "lognormal"}
+TINY = {
+    "name": "bench-tiny",
+    "seed": 3,
+    "duration_s": 900,
+    "sample_s": 30,
+    "lifecycle": {"provision_s": 30, "load_gbps": 4.0, "warmup_s": 10},
+    "pools": [
+        {"name": "aws-l40s", "cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "market": "on_demand",
+         "instance_type": "g6e.12xlarge", "instances": 2},
+        {"name": "gcp-l4", "cloud": "gcp", "region": "us-central1", "zone": "us-central1-c", "market": "reserved",
+         "instance_type": "g2-standard-48", "instances": 1},
+    ],
+    "hidden": [{"kind": "efficiency", "match": {"cloud": "gcp"}, "step_time_factor": 1.1}],
+    "jobs": [
+        {"job_id": "chat-8b", "model": "llama-3.1-8b", "job_class": "online",
+         "workload": {"kind": "chat", "input_len": {**LN, "mean": 600, "std": 300, "min": 16, "max": 2048},
+                      "output_len": {**LN, "mean": 120, "std": 60, "min": 8, "max": 512},
+                      "arrival": {"process": "poisson", "rate_rps": 3}},
+         "slo": {"p99_ttft_ms": 1500, "p99_tpot_ms": 80}},
+        {"job_id": "moderation", "model": "llama-3.2-1b", "job_class": "online",
+         "workload": {"kind": "moderation", "input_len": {"kind": "normal", "mean": 300, "std": 80, "min": 32,
+                                                          "max": 1024},
+                      "output_len": {"kind": "fixed", "mean": 8, "min": 8, "max": 8},
+                      "arrival": {"process": "constant", "rate_rps": 4}},
+         "slo": {"p99_ttft_ms": 400, "p99_tpot_ms": 50}},
+        {"job_id": "extract", "model": "llama-3.2-1b", "job_class": "batch", "submitted_at": 300,
+         "workload": {"kind": "extraction", "input_len": {**LN, "mean": 800, "std": 300, "min": 64, "max": 2048},
+                      "output_len": {**LN, "mean": 60, "std": 20, "min": 8, "max": 256}},
+         "slo": {"deadline_s": 1200, "num_requests": 1500}},
+    ],
+}
+HOURS = 600 / 3600  # two ticks
+
+
+def _deterministic(ctx):  # noqa: ANN001, ANN202 - BenchContext -> proposer
+    from koi.pipeline.delegates import builtin_proposer
+
+    return builtin_proposer("deterministic")
+
+
+def _register(spec: PolicySpec) -> PolicySpec:
+    from koi.bench.policy import POLICIES
+
+    return POLICIES.get(spec.name) or register(spec)
+
+
+DET = _register(PolicySpec(name="test-det", label="Test deterministic", family=Family.KOI,
+                           make_proposer=_deterministic, run_s2=True, run_s3=True))
+STATIC = _register(PolicySpec(name="test-static", label="Test static", family=Family.NON_LEARNING,
+                              make_proposer=_deterministic))
+
+
+def write_tiny(directory: Path) -> Path:
+    p = directory / "bench-tiny.yaml"
+    p.write_text(yaml.safe_dump(TINY, sort_keys=False), encoding="utf-8")
+    return p
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return write_tiny(tmp_path_factory.mktemp("scenario"))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("bench-cache")
+
+
+@pytest.fixture(scope="module")
+def det_run(tiny, cache_dir):
+    return run_one(tiny, DET, 1, hours=HOURS, cache_dir=cache_dir)
+
+
+def test_ticks_cover_the_horizon():
+    sc, _ = load("demo")
+    assert n_ticks_for(sc, None) == (1.0, 12)
+    assert n_ticks_for(sc, 0.25) == (0.25, 3)
+    assert n_ticks_for(sc, 0.26)[1] == 4  # a partial interval still gets its tick
+
+
+def test_a_run_commits_every_tick_and_records_its_trace(det_run):
+    r = det_run
+    assert r.meta.n_ticks == 2 and r.meta.ticks_committed == 2 and r.meta.ticks_fallback == 0
+    assert r.meta.horizon_s == 600.0 and r.meta.via == "in-process" and r.meta.runner_version == RUNNER_VERSION
+    assert [t.tick for t in r.trace] == [0, 1] and [t.t for t in r.trace] == [0.0, 300.0]
+    t0, t1 = r.trace
+    # tick 0 places the two jobs present; tick 1 places the batch job that arrived at 300 s
+    assert t0.places == 2 and t0.swaps == 0 and set(t0.actions.values()) == {"place"}
+    assert {"chat-8b", "moderation"} <= set(t0.gpus_by_job)
+    assert all(sum(g.values()) > 0 for g in t0.gpus_by_job.values())
+    assert t1.actions.get("extract") == "place" and t1.places >= 1
+    assert set(t1.serving_jobs) >= {"chat-8b", "moderation"}  # up by the second tick
+    assert r.plans[0] is not None and r.plans[1] is not None and r.plans[0] != r.plans[1]
+    # a learning policy: ε, mechanisms and U each tick
+    assert all(t.dro_radius is not None and t.dro_radius > 0 for t in r.trace)
+    assert all(t.active_mechanisms is not None and t.active_mechanisms > 0 for t in r.trace)
+    assert t1.cumulative_mechanisms >= t0.cumulative_mechanisms and t1.mean_u is not None
+    # attainment of the requests that arrived in each tick's interval
+    assert all(t.ttft_attainment is not None and 0.0 <= t.ttft_attainment <= 100.0 for t in r.trace)
+    assert [j.job_id for j in r.jobs] == ["chat-8b", "moderation", "extract"]
+
+
+def test_the_runs_metrics_follow_the_evaluator(det_run, tiny, cache_dir):
+    m = det_run.metrics
+    assert m.online_admission_pct == 100.0 and m.batch_admission_pct == 100.0
+    assert m.online_requests > 0 and m.batch_requests == 1500
+    assert 0.0 < m.composite <= 100.0 and m.goodput_tok_s > 0 and math.isfinite(m.cost_per_slo_token)
+    assert m.fleet_cost_usd > 0 and m.swaps == sum(t.swaps for t in det_run.trace)
+    # recomputing from the cached records gives the same numbers
+    from koi.bench.evaluator import EvalInputs, evaluate
+    from koi.sim.world import World
+
+    sc, _ = load(tiny)
+    cache = RunCache(cache_dir)
+    rec = cache.records(det_run.key)
+    assert rec is not None and rec.dtype == RECORD_DTYPE and len(rec) >= m.online_requests
+    jobs = [j.job for j in sc.jobs]
+    again = evaluate(EvalInputs(jobs=jobs, records=rec, horizon_s=600.0, fleet_cost_usd=m.fleet_cost_usd,
+                                reserved_cost_usd=_reserved(World(sc, seed=1), 600.0), trace=det_run.trace,
+                                admitted_jobs={j.job_id for j in jobs}))
+    assert again == m
+
+
+def _reserved(world, horizon: float) -> float:  # noqa: ANN001
+    return world.fleet.reserved_commitment(horizon)[0]
+
+
+def test_a_second_call_is_a_cache_hit(det_run, tiny, cache_dir):
+    cache = RunCache(cache_dir)
+    key = run_key(load(tiny)[0], "test-det", 1, HOURS)
+    assert cache.json_path(key).is_file() and cache.records_path(key).is_file()
+    assert str(cache.json_path(key)).startswith(str(cache_dir / "bench-tiny" / "runs" / "test-det"))
+    ticks: list[tuple[int, int]] = []
+    again = run_one(tiny, DET, 1, hours=HOURS, cache_dir=cache_dir, on_tick=lambda d, n: ticks.append((d, n)))
+    assert again.cached and not det_run.cached
+    assert again.metrics == det_run.metrics and again.trace == det_run.trace and again.plans == det_run.plans
+    assert ticks == [(2, 2)]
+    # another seed, horizon or scenario digest is another run
+    assert cache.load(key.model_copy(update={"seed": 2})) is None
+    assert cache.load(key.model_copy(update={"hours": 1.0})) is None
+    assert cache.load(key.model_copy(update={"scenario_digest": "0" * 64})) is None
+
+
+def test_the_same_seed_gives_identical_results(det_run, tiny, tmp_path):
+    fresh = run_one(tiny, DET, 1, hours=HOURS, cache_dir=tmp_path, fresh=True)
+    assert not fresh.cached
+    assert fresh.plans == det_run.plans
+    assert fresh.metrics == det_run.metrics
+    assert fresh.trace == det_run.trace
+
+
+def test_the_incremental_s2_writes_the_rows_koi_evidence_writes(tiny, tmp_path):
+    """The runner's S2 keeps the ICP history across ticks; koi.evidence.run_s2 rebuilds it each tick."""
+    from koi.store import get_evidence, make_engine, session_scope
+
+    hours = 900 / 3600  # three ticks: tick 2 validates against a history of two ticks
+    a = run_one(tiny, DET, 4, hours=hours, cache_dir=tmp_path / "a", keep_store=True, s2="incremental")
+    b = run_one(tiny, DET, 4, hours=hours, cache_dir=tmp_path / "b", keep_store=True, s2="store")
+    rows = []
+    for r in (a, b):
+        eng = make_engine(f"sqlite:///{r.meta.store}")
+        with session_scope(eng) as s:
+            rows.append([[e.model_dump(mode="json") for e in get_evidence(s, r.meta.cluster_id, tick=n)]
+                         for n in range(3)])
+        eng.dispose()
+    assert sum(len(x) for x in rows[0]) > 0 and any(e["mechanisms"] for x in rows[0][1:] for e in x)
+    assert rows[0] == rows[1]
+    assert a.plans == b.plans and a.trace == b.trace and a.metrics == b.metrics
+
+
+def test_a_policy_without_s2_s3_has_no_learning_trace(tiny, cache_dir):
+    r = run_one(tiny, STATIC, 1, hours=HOURS, cache_dir=cache_dir)
+    assert r.meta.ticks_committed == 2
+    assert all(t.dro_radius is None and t.mean_u is None and t.active_mechanisms is None for t in r.trace)
+    assert r.metrics.online_requests > 0
+
+
+def test_an_unreadable_or_stale_document_is_a_miss(det_run, cache_dir, tmp_path):
+    cache = RunCache(tmp_path)
+    cache.save(det_run, np.zeros(0, RECORD_DTYPE))
+    assert cache.load(det_run.key) is not None
+    p = cache.json_path(det_run.key)
+    data = json.loads(p.read_text())
+    data["meta"]["runner_version"] = RUNNER_VERSION + 1
+    p.write_text(json.dumps(data))
+    assert cache.load(det_run.key) is None
+    p.write_text("{ not json")
+    assert cache.load(det_run.key) is None
+
+
+def test_the_formulas_are_the_evaluators():
+    assert "online admission %" in FORMULAS and "composite = geometric mean" in FORMULAS
+
+
+# ---- the CLI ---------------------------------------------------------------------------------------------------
+def test_bench_run_in_two_processes_then_from_the_cache(tiny, tmp_path, monkeypatch):
+    """`koi bench run --jobs 2`: two runs in worker processes; the second invocation recomputes nothing."""
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+
+    monkeypatch.setenv("KOI_BENCH_POLICY_MODULES", "test_bench_runner")
+    args = ["bench", "run", "--scenario", str(tiny), "--policies", "test-static", "--seeds", "2",
+            "--hours", str(HOURS), "--jobs", "2", "--cache-dir", str(tmp_path), "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert sorted((b["seed"], b["cached"]) for b in doc["runs"]) == [(0, False), (1, False)]
+    assert doc["report"]["policies"]["test-static"]["n_runs"] == 2
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    doc2 = json.loads(res.stdout)
+    assert all(b["cached"] for b in doc2["runs"])
+    assert doc2["report"]["policies"] == doc["report"]["policies"]
+
+
+def test_bench_run_rejects_an_unknown_policy(tiny, tmp_path):
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "run", "--scenario", str(tiny), "--policies", "no-such-policy",
+                                   "--cache-dir", str(tmp_path)])
+    assert res.exit_code != 0 and "unknown policy" in res.output
+
+
+# ---- speed: the planner's memo changes nothing ----------------------------------------------------------------
+def _records(n_ticks: int = 8):  # noqa: ANN202 - PerfRecords over the tiny fleet, observed = physics × noise
+    from koi import variables
+    from koi.domain import ChainConfig, Rank
+    from koi.sim.scenario import parse_scenario
+    from koi.sim.world import World
+    from koi.store import PerfRecord
+    from koi.surrogate import default_surrogate
+
+    sc = parse_scenario(TINY)
+    pools = World(sc, seed=0).capacity().pools
+    rng = np.random.default_rng(7)
+    sur = default_surrogate()
+    out = []
+    for t in range(n_ticks):
+        for js in sc.jobs[:2]:
+            for pool in pools:
+                rank = Rank(env=pool.env, config=ChainConfig(tp=1, instance_type=pool.instance_type), n_replicas=1)
+                b = sur.predict_many(js.job, [rank.chain], offered_rps=js.job.workload.arrival.rate_rps, n_replicas=1,
+                                     with_capacity=False)  # fmt: skip
+                base = {k: float(v[0]) for k, v in b.base_values.items() if math.isfinite(float(v[0]))}
+                obs = {k: v * float(rng.lognormal(0.1, 0.2)) for k, v in base.items()}
+                v = {k: x for k, x in obs.items() if k in variables.V_NAMES}
+                y = {k: x for k, x in obs.items() if k in variables.Y_NAMES}
+                out.append(PerfRecord.of("c", t, js.job, rank, observed_v=v, observed_y=y, predicted=base, n_samples=20))
+    return sc, pools, out
+
+
+def test_the_memoized_residual_model_answers_exactly_what_the_fitted_one_does():
+    from koi.planning import surrogate_adapter as sa
+    from koi.surrogate import Surrogate
+    from koi.surrogate.residual import ResidualModel, scope_of_record
+
+    _sc, _pools, recs = _records()
+    plain = ResidualModel.fit(recs)
+    memo = sa.memo_residuals(plain)
+    assert plain.n_records == len(recs) and type(memo) is not type(plain)
+    scopes = [scope_of_record(r) for r in recs]
+    for s in scopes:
+        for q in [*plain.effects, "cost_per_token"]:
+            for skip in ((), ("gpu", "env")):
+                assert memo.factor(q, s, skip) == plain.factor(q, s, skip) == memo.factor(q, s, skip)
+        assert memo.speed(s) == plain.speed(s) and memo.support(s) == plain.support(s)
+        for obj in plain.history:
+            for n in (1, 5, 10 ** 6):
+                assert np.array_equal(memo.residuals(obj, s, min_count=n), plain.residuals(obj, s, min_count=n))
+            assert np.array_equal(memo.residuals(obj, s), plain.residuals(obj, s))
+    # whole predictions through the surrogate: the same with and without the memo
+    from koi.domain import Chain, ChainConfig
+
+    sc, pools, _ = _records(1)
+    chains = [Chain(env=p.env, config=ChainConfig(tp=tp, instance_type=p.instance_type)) for p in pools
+              for tp in (1, 2, 4) if tp <= p.gpus_per_instance]
+    a = sa.SurrogatePredictor(Surrogate(residuals=plain))
+    b = sa.SurrogatePredictor(Surrogate(residuals=memo))
+    for js in sc.jobs:
+        feas = [c for c, (ok, _) in zip(chains, a.feasible(js.job, chains), strict=True) if ok]
+        sa.MEMO = False
+        try:
+            ea = a.estimate(js.job, feas)
+            la = a.latency(js.job, feas, np.full(len(feas), 1.5))
+        finally:
+            sa.MEMO = True
+        assert b.estimate(js.job, feas) == ea == b.estimate(js.job, feas[::-1])[::-1]
+        lb = b.latency(js.job, feas, np.full(len(feas), 1.5))
+        assert np.array_equal(lb[0], la[0]) and np.array_equal(lb[1], la[1])
+
+
+def test_s4_and_s5_share_one_fit_per_record_set(monkeypatch):
+    import koi.store
+    from koi.planning import tick
+
+    _sc, _pools, recs = _records(3)
+    monkeypatch.setattr(koi.store, "query_perf", lambda session, cluster_id=None, **kw: list(recs))
+    p1 = tick.fitted_predictor(None, "c")  # type: ignore[arg-type]
+    assert tick.fitted_predictor(None, "c") is p1  # type: ignore[arg-type]
+    assert p1.surrogate.residuals.n_records == len(recs)
+    recs.pop()  # a new record set is a new fit
+    assert tick.fitted_predictor(None, "c") is not p1  # type: ignore[arg-type]
