@@ -599,11 +599,14 @@ class CandidateGenerator:
         """The running ladder of an active job as RankSpecs (predicted anew for this tick).
 
         A *degraded* rank is scored with the replicas that actually materialised (its capacity
-        is what serves traffic; the overview's Mixtral example: one of two replicas up), while
-        its instances stay counted as allocated. Launching ranks count as planned.
+        is what serves traffic; the overview's Mixtral example: one of two replicas up), and it
+        holds only their instances: a replica that failed to materialise released its instances,
+        and a reclaimed or failed instance is gone from the pool (the snapshot's ``free_instances``
+        already reflect both). Counting the lost instances as still held made a "recover" swap to
+        the same ladder look free in a pool that had lost capacity, so the planner re-issued it
+        every tick without effect (measured on hetero-3h: 14–17 futile swaps of one job per run).
+        Launching ranks count as planned.
         """
-        from dataclasses import replace
-
         from koi.domain.cluster import DeploymentState
 
         ladder = self.snapshot.ladder_of(js.job.job_id)
@@ -613,7 +616,7 @@ class CandidateGenerator:
         deps = [d for d in self.snapshot.deployments if d.job_id == js.job.job_id and d.is_live]
         for i, d in enumerate(deps):
             if d.state is DeploymentState.DEGRADED and d.replicas_ready < d.rank.n_replicas and i < len(specs):
-                specs[i] = replace(specs[i], n=max(d.replicas_ready, 0))
+                specs[i] = specs[i].with_n(max(d.replicas_ready, 0))
         return tuple(specs)
 
     def ladder_specs(self, js: JobState, ladder: Ladder, model: ModelArch | None = None) -> tuple[RankSpec, ...]:
