@@ -15,9 +15,9 @@ def env(gpu: str = "H100", zone: str = "us-east-1a") -> Environment:
     return Environment(cloud="aws", region="us-east-1", zone=zone, market="on_demand", gpu_type=gpu)
 
 
-def job(rate: float = 4.0) -> Job:
+def job(rate: float = 4.0, job_id: str = "j") -> Job:
     return Job(
-        job_id="j",
+        job_id=job_id,
         model="llama-3.1-8b",
         job_class="online",
         slo={"p99_ttft_ms": 2000.0, "p99_tpot_ms": 100.0},
@@ -73,8 +73,8 @@ def records() -> list[PerfRecord]:
     return biased_records(20)
 
 
-def corrected(s: Surrogate, rank: Rank, rate: float):
-    return s.predict_rank(job(rate), rank, offered_rps=rate)
+def corrected(s: Surrogate, rank: Rank, rate: float, job_id: str = "j"):
+    return s.predict_rank(job(rate, job_id), rank, offered_rps=rate)
 
 
 def test_correction_converges_on_a_constructed_bias(records):
@@ -124,8 +124,13 @@ def test_a_speed_difference_is_learned_in_the_physics_and_transfers_across_loads
 
 def test_correction_is_not_applied_outside_its_scope(records):
     s = Surrogate.from_records(records)
-    q = corrected(s, A100_RANK, 3.0)
-    assert q.values["p99_tpot_ms"] == pytest.approx(q.base_values["p99_tpot_ms"])  # another GPU: nothing learned
+    q = corrected(s, A100_RANK, 3.0, job_id="another-job")
+    assert q.values["p99_tpot_ms"] == pytest.approx(q.base_values["p99_tpot_ms"])  # another GPU and job: nothing
+    # the same job on another GPU: only the job's shrunk share (its traffic follows it), less than on the H100
+    same_job = corrected(s, A100_RANK, 3.0)
+    on_h100 = corrected(s, H100_RANK, 3.0)
+    ratio = same_job.values["p99_tpot_ms"] / same_job.base_values["p99_tpot_ms"]
+    assert 1.0 < ratio < on_h100.values["p99_tpot_ms"] / on_h100.base_values["p99_tpot_ms"]
     assert s.residuals.speed(scope_of(A100_RANK)) == 1.0
     inside = s.residuals.speed(scope_of(H100_RANK))
     # the same scope (GPU × family × TP/PP × shape) in another zone: corrected, without the env/fine effects

@@ -184,11 +184,11 @@ class Capacity:
 
 # ---- helpers -------------------------------------------------------------------------------------------
 def _scope(job: Job, chain: Chain, arch: ModelArch) -> Scope:
-    return _scope_cached(chain, arch.name, arch.family, float(job.workload.isl), float(job.workload.osl))
+    return _scope_cached(chain, arch.name, arch.family, float(job.workload.isl), float(job.workload.osl), job.job_id)
 
 
 @lru_cache(maxsize=65536)
-def _scope_cached(chain: Chain, model: str, family: str, isl: float, osl: float) -> Scope:
+def _scope_cached(chain: Chain, model: str, family: str, isl: float, osl: float, job_id: str = "") -> Scope:
     c = chain.config
     return Scope.of(
         env_id=chain.env.env_id,
@@ -201,6 +201,7 @@ def _scope_cached(chain: Chain, model: str, family: str, isl: float, osl: float)
         engine=c.engine_name,
         isl=isl,
         osl=osl,
+        job_id=job_id,
     )
 
 

@@ -158,6 +158,7 @@ def scope_of_record(record: PerfRecord) -> Scope:
         engine=record.config.engine_name,
         isl=record.isl,
         osl=record.osl,
+        job_id=record.job_id,
     )
 
 

@@ -8,6 +8,10 @@ residual learner's effects from it (:data:`EFFECTS`):
                 that GPU shows up on every model;
 - ``env``       the environment e (cloud, region, zone, market, GPU): per-environment
                 effects (a noisy zone, slower network) the tables cannot know;
+- ``job``       the job (its workload as it really arrives: burstiness, length tails, the
+                prefix mix): what the physics misses about the traffic follows the job to
+                every chain it runs on, so a job observed on one ladder is not judged more
+                harshly there than on chains it has not tried (the optimiser's curse);
 - ``scope``     the spec's scope: GPU × model family × (TP, PP) × workload shape;
 - ``fine``      the exact model, weight dtype and engine inside that scope.
 
@@ -41,6 +45,7 @@ class Scope(FrozenModel):
     engine: str = "vllm"
     isl_bucket: int
     osl_bucket: int
+    job_id: str = ""
 
     @classmethod
     def of(
@@ -56,6 +61,7 @@ class Scope(FrozenModel):
         engine: str,
         isl: float,
         osl: float,
+        job_id: str = "",
     ) -> Scope:
         return cls(
             env_id=env_id,
@@ -68,6 +74,7 @@ class Scope(FrozenModel):
             engine=engine,
             isl_bucket=length_bucket(isl),
             osl_bucket=length_bucket(osl),
+            job_id=job_id,
         )
 
     def key(self, effect: str) -> str:
@@ -76,6 +83,8 @@ class Scope(FrozenModel):
             return self.gpu_type
         if effect == "env":
             return self.env_id
+        if effect == "job":  # no job: a level of its own per chain and shape (learns nothing shared)
+            return f"job|{self.job_id}" if self.job_id else f"job|?|{self.key('fine')}"
         shape = f"{self.gpu_type}|{self.family}|tp{self.tp}|pp{self.pp}|i{self.isl_bucket}|o{self.osl_bucket}"
         if effect == "scope":
             return shape
@@ -90,5 +99,5 @@ class Scope(FrozenModel):
 #: Residual effects from the coarsest to the finest, with their prior strength k (pseudo-records
 #: of "no correction"): a coarse effect must be seen on more records before it moves much,
 #: because it is applied to every prediction that shares only the GPU or the environment.
-EFFECTS: tuple[str, ...] = ("gpu", "env", "scope", "fine")
-PRIOR_STRENGTH: dict[str, float] = {"gpu": 8.0, "env": 4.0, "scope": 2.0, "fine": 2.0}
+EFFECTS: tuple[str, ...] = ("gpu", "env", "job", "scope", "fine")
+PRIOR_STRENGTH: dict[str, float] = {"gpu": 8.0, "env": 4.0, "job": 4.0, "scope": 2.0, "fine": 2.0}
