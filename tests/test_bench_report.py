@@ -94,15 +94,15 @@ def test_the_main_table_has_every_policy_in_family_order_with_mean_and_std(suite
     for _name, label, fam, _c in POLICIES:
         assert (f"| {label}" in main) == (fam is not Family.ABLATION), label
     assert "Oracle (true performance) (upper bound)" in md
-    header = "| Method | Batch progress (%) | Admit online (%) | Admit batch (%) | $/token (×1e-4) | TTFT met (%) | " \
+    header = "| Method | Batch progress (%) | Admit online (%) | Admit batch (%) | $/M SLO tokens | TTFT met (%) | " \
              "TPOT met (%) | Goodput (tok/s) | Overall score |"
     assert header in md
     # Koi: composite 70 and 71 over the seeds -> 70.50 ± 0.71, the best non-oracle value (bold)
     koi_line = next(line for line in md.splitlines() if line.startswith("| Koi |"))
     assert "**70.50 ± 0.71**" in koi_line
-    # $/token ×1e-4: 1e-4/70.5 mean of (1/70, 1/71) -> lower is better, Koi best
+    # $/M SLO tokens: 1e6 × 1e-4 × mean of (1/70, 1/71) = 1.42 -> lower is better, Koi best
     cells = [c.strip() for c in koi_line.strip("|").split("|")]
-    assert cells[4].startswith("**0.01 ± 0.00")
+    assert cells[4].startswith("**1.42 ± 0.01")
     # second best (EvoX at 52.5) is underlined; the oracle (90.5) is not marked
     evo_line = next(line for line in md.splitlines() if line.startswith("| Rolling EvoX |"))
     assert "<u>52.50 ± 0.71</u>" in evo_line
@@ -131,7 +131,7 @@ def test_the_csv_tables(suite):
     koi = next(r for r in rows if r["policy"] == "koi")
     assert float(koi["Overall score mean"]) == pytest.approx(70.5)
     assert float(koi["Overall score std"]) == pytest.approx(math.sqrt(0.5))
-    assert float(koi["$/token (×1e-4) mean"]) == pytest.approx(np.mean([1 / 70, 1 / 71]))
+    assert float(koi["$/M SLO tokens mean"]) == pytest.approx(100 * np.mean([1 / 70, 1 / 71]))
     assert koi["seeds"] == "0 1"
     abl = list(csv.DictReader(io.StringIO(rep.ablation_csv)))
     assert [r["policy"] for r in abl] == ["koi-nodag", "koi-frozen", "koi"]

@@ -223,7 +223,7 @@ def _run_temporal(todo: list[Any], cache_dir: str | None, fresh: bool, verbose: 
 
 
 # ---- commands ---------------------------------------------------------------------------------------------
-MAIN_COLS = ["Method", "Batch progress (%)", "Admit online (%)", "Admit batch (%)", "$/token (×1e-4)", "TTFT met (%)",
+MAIN_COLS = ["Method", "Batch progress (%)", "Admit online (%)", "Admit batch (%)", "$/M SLO tokens", "TTFT met (%)",
              "TPOT met (%)", "Goodput (tok/s)", "Overall score"]
 
 
