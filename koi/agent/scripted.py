@@ -36,6 +36,7 @@ import json
 import random
 import re
 from collections.abc import Callable, Sequence
+from importlib import resources
 from typing import Any
 
 from koi.agent.llm import ChatMessage
@@ -105,86 +106,27 @@ def _with_specialists(policy: Policy) -> Policy:
     return wrapped
 
 
-INSPECT = """
-state = get_cluster_state()
-print('tick', state['tick'], 'jobs', [(j['job_id'], j['status']) for j in state['jobs']])
-print('capacity', state['capacity']['free_gpus'], 'of', state['capacity']['total_gpus'], 'GPUs free')
-"""
+def _program(name: str) -> str:
+    """A REPL program the scripted models send, from ``koi/agent/programs/<name>.repl``.
 
-COMMIT_BASELINE = """
-base = propose_baseline()
-plan = base['plan']
-check = validate_plan(plan)
-print('valid', check['valid'], 'value', score_plan(plan)['value'])
-FINAL_VAR(plan)
-"""
+    They are data — code a model writes for the sandbox, where ``print`` is how it sees
+    results — not library code, so they live beside the module rather than in it."""
+    return "\n" + resources.files("koi.agent").joinpath("programs", f"{name}.repl").read_text(encoding="utf-8")
 
-INVALID = """
-h100 = get_resource_map(gpu_type='H100')[0]
-state = get_cluster_state()
-pending = [j['job_id'] for j in state['jobs'] if j['status'] == 'pending']
-active = [j['job_id'] for j in state['jobs'] if j['status'] == 'active']
-actions = []
-if pending:
-    # TP 16 spans two 8-GPU nodes but does not divide 8 KV heads (nor 40 or 10 ...)
-    actions.append({'job_id': pending[0], 'type': 'place', 'rationale': 'TP 16 (does not divide the heads)',
-                    'ladder': [{'env': h100['env'], 'config': {'instance_type': h100['instance_type'], 'tp': 16},
-                                'n_replicas': 1}]})
-    over = pending[1] if len(pending) > 1 else pending[0]
-    if over != pending[0]:
-        actions.append({'job_id': over, 'type': 'place', 'rationale': 'far more instances than exist',
-                        'ladder': [{'env': h100['env'], 'config': {'instance_type': h100['instance_type'], 'tp': 8},
-                                    'n_replicas': 50}]})
-elif active:
-    actions.append({'job_id': active[0], 'type': 'swap', 'rationale': 'TP 16, over capacity',
-                    'ladder': [{'env': h100['env'], 'config': {'instance_type': h100['instance_type'], 'tp': 16},
-                                'n_replicas': 50}]})
-plan = {'tick_rationale': 'scripted: an invalid plan', 'actions': actions}
-FINAL_VAR(plan)
-"""
 
-SWAP_BEST = """
-plan = {'tick_rationale': 'scripted: swap every active job to its best-sigma ladder', 'actions': []}
-for j in get_active_jobs():
-    best = optimize_config(j['job_id'], top=1)
-    if best and best[0].get('beats_null'):
-        plan['actions'].append({'job_id': j['job_id'], 'type': 'swap', 'ladder': best[0]['ladder'],
-                                'swap_reason': 'retune', 'rationale': 'best sigma beats keeping'})
-print(len(plan['actions']), 'swaps')
-FINAL_VAR(plan)
-"""
+INSPECT = _program("inspect")
 
-KEEP_ALL = """
-plan = {'tick_rationale': 'scripted: change nothing', 'actions': []}
-FINAL_VAR(plan)
-"""
+COMMIT_BASELINE = _program("commit_baseline")
 
-BUDGET_FIRST = """
-book = build_tenant_envelopes()
-print('book problems', validate_budget_book(book))
-spec = run_job_specialists(book=book)
-cands = {}
-for jid, r in spec.items():
-    lads = [p['action']['ladder'] for p in r['proposals'] if p['action'].get('ladder') and 'score' in p]
-    print(jid, r['fitness'], r['source'], len(lads), 'ladders')
-    if lads:
-        cands[jid] = lads
-sel = select_joint(cands)
-plan = sel['plan']
-check = validate_plan(plan)
-print('valid', check['valid'], 'phi', sel['phi'])
-FINAL_VAR(plan)
-"""
+INVALID = _program("invalid")
 
-DROP_ONE = """
-base = propose_baseline()
-plan = base['plan']
-places = [a for a in plan['actions'] if a['type'] == 'place']
-if places:
-    plan['actions'] = [a for a in plan['actions'] if a['job_id'] != places[-1]['job_id']]
-print('dropped', places[-1]['job_id'] if places else None)
-FINAL_VAR(plan)
-"""
+SWAP_BEST = _program("swap_best")
+
+KEEP_ALL = _program("keep_all")
+
+BUDGET_FIRST = _program("budget_first")
+
+DROP_ONE = _program("drop_one")
 
 
 @_with_specialists
