@@ -9,4 +9,7 @@ from workers.main import run_worker
 
 if __name__ == "__main__":
     configure()
+    from koi.procexit import exit_process
+
     asyncio.run(run_worker())
+    exit_process(0)

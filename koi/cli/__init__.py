@@ -53,4 +53,12 @@ def version(json_out: bool = typer.Option(False, "--json", help="print one JSON 
 
 
 def main() -> None:
-    app()
+    """Entry point of ``koi``; see :mod:`koi.procexit` for why it may leave via ``os._exit``."""
+    from koi.procexit import exit_code_of, exit_process
+
+    try:
+        app()
+        code = 0
+    except SystemExit as exc:
+        code = exit_code_of(exc)
+    exit_process(code)
