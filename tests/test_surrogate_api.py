@@ -199,6 +199,24 @@ def test_closed_loop_mode_gives_mean_ttft_and_tpot(s):
     assert a["tpot_ms"] == pytest.approx(r["tpot_ms"], rel=0.35)
 
 
+def test_closed_loop_emulates_the_benchmark_client(s):
+    """The client that measured a row is part of its workload: TRT-LLM under genai-perf pays that
+    client's fitted front end on every TTFT, not the engine's own server's; an unknown client is named."""
+    from koi import catalog
+    from koi.perf.fidelity import engine_default_config
+    from koi.perf.overheads import engine_overheads
+
+    cfg = engine_default_config("trtllm", catalog.gpu("H100"), tp=1)
+    c = Chain(env=env(), config=cfg)
+    base = s.closed_loop("llama-3.1-8b", [c], 1024, 256, [1], profile=False)
+    gp = s.closed_loop("llama-3.1-8b", [c], 1024, 256, [1], profile=False, client="genai-perf")
+    gap_s = engine_overheads("trtllm", "genai-perf").request_s - engine_overheads("trtllm").request_s
+    assert abs(gap_s) > 0.01
+    assert gp["ttft_ms"][0] - base["ttft_ms"][0] == pytest.approx(gap_s * 1e3, rel=0.05)
+    with pytest.raises(SurrogateError, match="wrk"):
+        s.closed_loop("llama-3.1-8b", [c], 1024, 256, [1], client="wrk")
+
+
 def test_roofline_is_an_optimistic_anchor(s):
     from koi import catalog
 

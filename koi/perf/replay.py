@@ -638,6 +638,7 @@ def closed_loop_estimate(
     seed: int = 0,
     stagger: bool = False,
     harness: Harness | None = None,
+    request_s: float | None = None,
 ) -> ClosedLoopResult:
     """Mean TTFT and TPOT of ``concurrency`` closed-loop clients on one chain replica.
 
@@ -645,7 +646,8 @@ def closed_loop_estimate(
     starting together (see the module docstring); ``rounds=None`` gives the steady state; ``stagger=True`` starts the clients spread
     over one request lifetime instead of all at once. A chain with ``dp > 1`` runs ``dp``
     engines and the clients split evenly across them. The engine's ``request_s`` front-end
-    overhead is added to every TTFT. Raises :class:`~koi.perf.memory.InfeasibleConfig` when
+    overhead is added to every TTFT (``request_s`` overrides it: the front end a particular
+    benchmark client measured through, :func:`koi.perf.overheads.engine_overheads`). Raises :class:`~koi.perf.memory.InfeasibleConfig` when
     the chain cannot run or its KV cache cannot hold one request.
     """
     gpu = resolve_gpu(gpu)
@@ -665,7 +667,7 @@ def closed_loop_estimate(
     arr_t = sched.arrival_times(end_t)
     first_t = end_t[sched.first_iter]
     last_t = end_t[sched.end_iter]
-    ttft = first_t - arr_t + sm.overheads.request_s
+    ttft = first_t - arr_t + (sm.overheads.request_s if request_s is None else request_s)
     tpot = (last_t - first_t) / np.maximum(sched.osl - 1, 1)
     span = float(last_t.max() - arr_t.min())
     return ClosedLoopResult(

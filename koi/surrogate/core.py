@@ -783,6 +783,7 @@ class Surrogate:
         profile: bool = True,
         method: str = "replay",
         ca: float = 1.0,
+        client: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Mean TTFT/TPOT (ms) of ``concurrency`` clients with fixed isl/osl, each sending its next
         request when its previous one finishes (the silicon benchmark's workload).
@@ -795,6 +796,12 @@ class Surrogate:
         the open-loop path with renewal arrivals of CV ``ca`` (fast, but blind to the initial
         burst and the wave synchronisation of a closed loop with fixed lengths). Both then apply the measured (or
         nearest-architecture) speed ratios when ``profile``. Infeasible chains give NaN.
+
+        ``client`` names the benchmark client whose protocol the replay emulates (koi.perf's
+        ``"genai-perf"`` or ``"benchmark_serving"``: prompt/output length spreads and the front end
+        measured through it); None is koi.perf's default harness and the engine's own server front
+        end. The workload is the client's, so knowing it is not peeking at the answer: the same
+        model, GPU and config measured by the two clients differ by the client's behaviour alone.
         """
         arch = model if isinstance(model, ModelArch) else catalog.model(model)
         chains = list(chains)
@@ -822,11 +829,13 @@ class Surrogate:
                 p = phys[i]
                 cfg = p.chain_key[3]
                 fp, fd, flag = self._profile(arch, p.chain_key[1], cfg.engine_name) if profile else (1.0, 1.0, None)
+                harness, request_s = _client_protocol(client, cfg.engine_name)
                 try:
                     # koi.perf's replay emulates the silicon benchmark's protocol (all clients start
                     # together, ten rounds) and adds the engine's per-request front-end time
                     r = closed_loop_estimate(arch, p.chain_key[1], cfg, int(round(isl)), int(round(osl)),
-                                             int(round(conc_all[i])), links=p.links, step=p.step)  # fmt: skip
+                                             int(round(conc_all[i])), links=p.links, step=p.step,
+                                             harness=harness, request_s=request_s)  # fmt: skip
                 except InfeasibleConfig:
                     continue
                 out["ttft_ms"][i] = r.ttft_s * 1e3 * fp
@@ -841,6 +850,20 @@ class Surrogate:
 
 
 # ---- module helpers ------------------------------------------------------------------------------------------
+def _client_protocol(client: str | None, engine: str):
+    """(harness, front-end seconds) of benchmark ``client`` against ``engine``; (None, None) for the default."""
+    if client is None:
+        return None, None
+    from koi.perf.fidelity import harness
+    from koi.perf.overheads import engine_overheads
+
+    try:
+        h = harness(client, engine)
+    except ValueError as exc:
+        raise SurrogateError(f"closed_loop: {exc}; expected 'genai-perf' or 'benchmark_serving'") from None
+    return h, engine_overheads(engine, client).request_s
+
+
 #: Halvings of log(rate) in the capacity search (≈ 0.7% precision over the 10³ range searched).
 CAP_BISECT = 10
 

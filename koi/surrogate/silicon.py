@@ -4,7 +4,10 @@ Rows come from koi.perf's fidelity loader (:func:`koi.perf.fidelity.silicon_rows
 Llama-3.1-8B/70B and Qwen3-32B, aggregated serving on H100/H200, pp = 1) and each row's chain
 is the engine's default config (:func:`koi.perf.fidelity.engine_default_config`), exactly as
 koi.perf's own replay harness sets them up. The workload is a fixed-concurrency closed loop,
-so the surrogate runs in its closed-loop mode (:meth:`Surrogate.closed_loop`).
+so the surrogate runs in its closed-loop mode (:meth:`Surrogate.closed_loop`), under the
+benchmark client that measured each row (its ``client`` column: aiconfigurator's genai-perf or
+vLLM's benchmark_serving — the length spreads and the front end the latency was measured
+through are part of the workload, not of the deployment).
 
 The replay follows the benchmark protocol koi.perf's fidelity harness established for these
 rows (all clients start at once; means over ten rounds, the initial burst included), so the
@@ -66,9 +69,12 @@ def predict_rows(df: pd.DataFrame, surrogate=None, *, profiles: ProfileBook | No
     out["roof_ttft_ms"] = np.nan
     out["roof_tpot_ms"] = np.nan
     out["flags"] = ""
-    groups = out.groupby(["model", "gpu", "backend", "version", "precision", "tp", "isl", "osl"], dropna=False)
+    if "client" not in out:
+        out["client"] = None
+    groups = out.groupby(["model", "gpu", "backend", "version", "precision", "tp", "isl", "osl", "client"],
+                         dropna=False)  # fmt: skip
     surrogates: dict[str, Surrogate] = {}
-    for (model, gpu, backend, version, precision, tp, isl, osl), sub in groups:
+    for (model, gpu, backend, version, precision, tp, isl, osl, client), sub in groups:
         g = catalog.gpu(gpu)
         arch = catalog.model(model)
         fp8 = str(precision).lower() == "fp8"
@@ -87,7 +93,9 @@ def predict_rows(df: pd.DataFrame, surrogate=None, *, profiles: ProfileBook | No
             use_profile = True
         chain = Chain(env=_env(gpu), config=cfg)
         conc = sub["concurrency"].to_numpy(dtype=float)
-        r = s.closed_loop(arch, [chain] * len(sub), float(isl), float(osl), conc, profile=use_profile, method=method)
+        who = client if isinstance(client, str) else None
+        r = s.closed_loop(arch, [chain] * len(sub), float(isl), float(osl), conc, profile=use_profile,
+                          method=method, client=who)  # fmt: skip
         out.loc[sub.index, "sur_ttft_ms"] = r["ttft_ms"]
         out.loc[sub.index, "sur_tpot_ms"] = r["tpot_ms"]
         out.loc[sub.index, "flags"] = [",".join(f) for f in r["flags"]]
@@ -141,7 +149,7 @@ def summarise(df: pd.DataFrame, who: str) -> dict[str, float]:
     }
 
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2  # 2: profiles from replays under each row's own benchmark client
 
 
 def _cache_path() -> Path | None:
