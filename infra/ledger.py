@@ -99,7 +99,9 @@ class LedgerWorld:
                             status=LaunchStatus.LAUNCHED, replicas_requested=rank.n_replicas,
                             replicas_launched=rank.n_replicas, ready_at=self._now)
 
-    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0) -> bool:
+    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
+                 handover: bool = False) -> bool:
+        # bookkeeping only: nothing serves here, so a handover has nothing to hand over
         if idempotency_key in self.keys:
             return False
         self.keys[idempotency_key] = {"status": "torn_down"}

@@ -105,8 +105,9 @@ class SimWorld:
         self.ensure_job(job)
         return self.inner.launch(job, rank, idempotency_key)
 
-    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0) -> bool:
-        return self.inner.teardown(job_id, rank_id, idempotency_key, drain_s=drain_s)
+    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
+                 handover: bool = False) -> bool:
+        return self.inner.teardown(job_id, rank_id, idempotency_key, drain_s=drain_s, handover=handover)
 
     def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
               drain_s: float | None = None) -> LaunchResult:

@@ -44,8 +44,12 @@ class Executor(Protocol):
 
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult: ...
 
-    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0) -> bool:
-        """Drain then release a rank; True when something was torn down (False: already gone)."""
+    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
+                 handover: bool = False) -> bool:
+        """Drain then release a rank; True when something was torn down (False: already gone).
+
+        ``handover``: a swap's make-before-break — the rank keeps taking traffic until another
+        rank of the job serves (bounded by the executor's own timeout), then drains."""
         ...
 
     def scale(

@@ -110,6 +110,69 @@ def test_teardown_drains_then_releases_and_swap_overlaps(world):
     assert world.fleet.instance_cost(world.now(), {0}) == pytest.approx(cost_a)
 
 
+def _swap_window(world: World, t0: float, t1: float) -> tuple[int, float]:
+    """(dropped requests, worst TTFT in s) of the requests that arrived in [t0, t1)."""
+    rec = world.records()
+    win = rec[(rec["arrival"] >= t0) & (rec["arrival"] < t1)]
+    ttft = win["first_token"] - win["arrival"]
+    return int(np.sum(win["status"] == Status.DROPPED)), float(np.nanmax(np.where(np.isfinite(ttft), ttft, np.inf)))
+
+
+def test_handover_keeps_the_old_rank_serving_until_the_new_one_does(world):
+    """A swap's make-before-break: the old rank takes traffic through the new rank's cold start,
+    then drains; torn down without handover, the same swap leaves requests waiting at the gateway."""
+    a = world.launch(job(world, "chat"), rank_on(world, "l40s", n=2), "a")
+    world.advance(120)
+    t_swap = world.now()
+    b = world.launch(job(world, "chat"), rank_on(world, "h100", n=1), "b")
+    assert world.teardown("chat", a.rank_id, "a-down", drain_s=30, handover=True)
+    states = {d.rank_id: d.state for d in world.deployments()}
+    # the planner sees the old rank as leaving (not part of the job's ladder), the router still uses it
+    assert states[a.rank_id] is DeploymentState.DRAINING and states[b.rank_id] is DeploymentState.LAUNCHING
+    assert [e["kind"] for e in world.events()].count("teardown_deferred") == 1
+    world.advance(t_swap + 10)
+    served_on_a = world.records()
+    assert np.any((served_on_a["rank"] == 0) & (served_on_a["arrival"] > t_swap + 1))
+    world.advance(t_swap + 300)
+    assert {d.rank_id for d in world.deployments()} == {b.rank_id}
+    kinds = [e["kind"] for e in world.events()]
+    assert kinds.index("teardown") > kinds.index("replica_ready", kinds.index("teardown_deferred"))
+    drops, worst = _swap_window(world, t_swap, t_swap + 300)
+    assert drops == 0 and worst < 2.0
+    assert np.sum(world.records()["status"] == Status.FAILED) == 0
+
+    plain = World(tiny_scenario(jobs=[chat_job(rate=3.0), batch_job(n=100, submitted_at=30)]))
+    a2 = plain.launch(job(plain, "chat"), rank_on(plain, "l40s", n=2), "a")
+    plain.advance(120)
+    plain.launch(job(plain, "chat"), rank_on(plain, "h100", n=1), "b")
+    plain.teardown("chat", a2.rank_id, "a-down", drain_s=30)
+    plain.advance(t_swap + 300)
+    drops, worst_plain = _swap_window(plain, t_swap, t_swap + 300)
+    assert drops > 0 or worst_plain > 10 * worst  # requests waited at the gateway for the cold start
+
+
+def test_handover_without_a_replacement_times_out_and_can_be_cancelled(world):
+    from koi.sim.world import HANDOVER_TIMEOUT_S
+
+    a = world.launch(job(world, "chat"), rank_on(world, "l40s", n=2), "a")
+    world.advance(120)
+    # no replacement launched at all: the rank serves until the timeout, then drains and goes
+    assert world.teardown("chat", a.rank_id, "a-down", drain_s=30, handover=True)
+    world.advance(120 + HANDOVER_TIMEOUT_S - 60)
+    assert [d.rank_id for d in world.deployments()] == [a.rank_id]
+    world.advance(120 + HANDOVER_TIMEOUT_S + 120)
+    assert world.deployments() == []
+    # a launch of a rank whose teardown still waits cancels the teardown (no cold start again)
+    c = world.launch(job(world, "chat"), rank_on(world, "l40s", n=2), "c")
+    world.advance(world.now() + 120)
+    assert world.teardown("chat", c.rank_id, "c-down", drain_s=30, handover=True)
+    again = world.launch(job(world, "chat"), rank_on(world, "l40s", n=2), "c-again")
+    assert again.status is LaunchStatus.LAUNCHED and again.replicas_launched == 2
+    [dep] = world.deployments()
+    assert dep.state is DeploymentState.SERVING and dep.replicas_ready == 2
+    assert "teardown_cancelled" in [e["kind"] for e in world.events()]
+
+
 def test_scale_up_and_down(world):
     a = world.launch(job(world, "chat"), rank_on(world, "l40s", n=1), "a")
     world.advance(60)

@@ -494,6 +494,7 @@ class Op:
     n_replicas: int = 0
     prev_replicas: int = 0
     drain_s: float = 0.0
+    handover: bool = False  # a swap's old rank: serves until the new ladder does (make before break)
     detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -525,10 +526,14 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
 
     1. releases, at once (no drain): preempted and terminated ranks, ranks of jobs that finished
        or were cancelled (``released``), scale-downs, and a swap's old ranks in a pool its new
-       ladder uses (a swap within a pool needs only the difference);
+       ladder uses when that pool has no room for the plan's launches besides them (a swap
+       within a pool needs only the difference: C1 counted the old instances as reused);
     2. launches and scale-ups;
-    3. a swap's old ranks in other pools, drained for ``drain_s`` after the new ladder
-       launched: the A/B canary overlap (make before break).
+    3. a swap's old ranks in other pools, handed over: each keeps taking traffic until a rank of
+       the new ladder serves (the executor's ``handover``), then drains for ``drain_s`` — the A/B
+       canary overlap (make before break) that SwitchCost's C_parallel prices. Tearing them down
+       at once left a job's traffic waiting at the gateway through the new ladder's cold start
+       (on hetero-3h about a fifth of a swapped job's requests in that tick were dropped).
     """
     live: dict[str, list[Deployment]] = {}
     for d in snapshot.deployments:
@@ -538,10 +543,11 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
     first: list[Op] = []
     ups: list[Op] = []
     last: list[Op] = []
+    in_place: list[tuple[str, Deployment, str]] = []  # a swap's old ranks in a pool its new ladder uses
 
-    def teardown(job_id: str, d: Deployment, action: str, drain: float) -> Op:
+    def teardown(job_id: str, d: Deployment, action: str, drain: float, handover: bool = False) -> Op:
         return Op("teardown", job_id, d.rank, d.rank_id, _key(cluster_id, tick, job_id, d.rank_id, "teardown", epoch),
-                  drain_s=drain, detail={"action": action})
+                  drain_s=drain, handover=handover, detail={"action": action})
 
     for a in plan.actions:
         current = {d.rank_id: d for d in live.get(a.job_id, [])}
@@ -560,9 +566,9 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
                 if rid in target:
                     continue
                 if any(_same_pool(d.rank, r) for r in target.values()):
-                    first.append(teardown(a.job_id, d, a.type.value, 0.0))
+                    in_place.append((a.job_id, d, a.type.value))
                 else:
-                    last.append(teardown(a.job_id, d, a.type.value, drain_s))
+                    last.append(teardown(a.job_id, d, a.type.value, drain_s, handover=True))
         elif a.type in (ActionType.PREEMPT, ActionType.TERMINATE):
             for d in current.values():
                 first.append(teardown(a.job_id, d, a.type.value, 0.0))
@@ -574,7 +580,35 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
             continue
         seen.add(d.rank_id)
         first.append(teardown(d.job_id, d, "release", 0.0))
+    from koi.planning.capacity import PoolIndex
+
+    index = PoolIndex(snapshot.resources)
+    roomy = _pools_with_room(index, ups)
+    for job_id, d, action in in_place:
+        p = index.pool_of(d.rank)
+        if p is not None and p.pool_id in roomy:
+            last.append(teardown(job_id, d, action, drain_s, handover=True))
+        else:
+            first.append(teardown(job_id, d, action, 0.0))
     return first + ups + last
+
+
+def _pools_with_room(index: Any, ups: list[Op]) -> set[str]:
+    """Pools whose free instances hold every launch and scale-up of the plan there without
+    releasing anything first: a swap in place there can be make-before-break too."""
+    from koi.planning.capacity import instances_for
+
+    need: dict[str, int] = {}
+    for op in ups:
+        p = index.pool_of(op.rank)
+        if p is None:
+            continue
+        g = op.rank.config.gpus
+        k = instances_for(g, op.n_replicas, p.gpus_per_instance)
+        if op.kind == "scale":
+            k -= instances_for(g, op.prev_replicas, p.gpus_per_instance)
+        need[p.pool_id] = need.get(p.pool_id, 0) + max(k, 0)
+    return {pid for pid, p in index.by_id.items() if need.get(pid, 0) <= p.free_instances}
 
 
 _DONE = {DeployStatus.LAUNCHED.value, DeployStatus.DRAINED.value, "scaled", "duplicate"}
@@ -603,9 +637,10 @@ def _apply(rt: Runtime, cluster_id: str, tick: int, op: Op, jobs: dict[str, Job]
                 detail = {"op": "scale", "replicas": op.n_replicas, "prev_replicas": op.prev_replicas,
                           "reason": res.reason, **op.detail}
             else:
-                gone = ex.teardown(op.job_id, op.rank_id, op.key, drain_s=op.drain_s)
+                gone = ex.teardown(op.job_id, op.rank_id, op.key, drain_s=op.drain_s, handover=op.handover)
                 status = DeployStatus.DRAINED.value
-                detail = {"op": "teardown", "released": bool(gone), "drain_s": op.drain_s, **op.detail,
+                detail = {"op": "teardown", "released": bool(gone), "drain_s": op.drain_s, "handover": op.handover,
+                          **op.detail,
                           "rank": op.rank.model_dump(mode="json")}
         update_deploy(s, op.key, status, detail)
     if status == "failed":

@@ -8,7 +8,7 @@ Public API::
 
     # Executor (koi.ports.Executor semantics)
     world.launch(job: Job, rank: Rank, idempotency_key: str) -> LaunchResult   # DUPLICATE on a repeated key
-    world.teardown(job_id, rank_id, idempotency_key, *, drain_s=None) -> bool
+    world.teardown(job_id, rank_id, idempotency_key, *, drain_s=None, handover=False) -> bool
     world.scale(job_id, rank_id, n_replicas, idempotency_key) -> LaunchResult
     # Observer (koi.ports.Observer semantics)
     world.now() -> float

@@ -80,6 +80,9 @@ log = get_logger(__name__)
 _CHECKPOINT_MAGIC = b"KOISIM1\n"
 _RID_SHIFT = 40
 _AHEAD_S = 60.0  # online arrivals are generated this far ahead, for all jobs at once
+#: the longest a swapped-out rank waits for its replacement before draining anyway (a cold start
+#: of the largest chains is ~5-10 min; a replacement that has not served by then has failed)
+HANDOVER_TIMEOUT_S = 900.0
 
 
 class JobProgress(KoiModel):
@@ -190,12 +193,14 @@ class RankRT:
     key: str
     inst_per_rep: int
     reps_per_inst: int
-    state: str = "live"  # live | draining | gone
+    state: str = "live"  # live | handover | draining | gone
     replicas: list[int] = field(default_factory=list)
     instances: list[int] = field(default_factory=list)
     hosted: dict[int, list[int]] = field(default_factory=dict)  # instance -> replicas on it
     ended_at: float = math.inf
     hourly_cost: float = 0.0
+    handover_drain_s: float = 0.0  # state "handover": the drain to start once the job's other ranks serve
+    handover_until: float = math.inf  # ... or at this time, whichever comes first
     nominal: float = 1.0
     idle_bubble: float = 0.0
     idle_comm_pct: float = 0.0
@@ -338,7 +343,7 @@ class World:
             reps = [self.replicas[i] for i in rk.replicas]
             ready = sum(r.state == "serving" for r in reps)
             booting = sum(r.state == "booting" for r in reps)
-            if rk.state == "draining":
+            if rk.state in ("draining", "handover"):
                 state = DeploymentState.DRAINING
             elif booting:
                 state = DeploymentState.LAUNCHING
@@ -460,6 +465,18 @@ class World:
         if rank_id in self.live_rank:
             old = self.ranks[self.live_rank[rank_id]]
             working = [i for i in old.replicas if self.replicas[i].state in ("booting", "serving")]
+            if old.state == "handover" and working:
+                # the plan went back to a ladder whose teardown still waits for its replacement:
+                # cancel the teardown instead of re-creating a serving rank
+                old.state = "live"
+                old.handover_until = math.inf
+                self._routing_dirty = True
+                self._log("teardown_cancelled", job_id=job.job_id, rank_id=rank_id)
+                if n != old.requested:
+                    return self._scale(job.job_id, rank_id, n, key)
+                return LaunchResult(job_id=job.job_id, rank_id=rank_id, idempotency_key=key,
+                                    status=LaunchStatus.LAUNCHED, replicas_requested=n,
+                                    replicas_launched=len(working))  # fmt: skip
             if old.state == "live" and working:
                 return failed(f"rank {rank_id} is already live; use scale to change its replicas")
             # A rank that lost every replica (none materialised, all reclaimed or failed), or one
@@ -512,16 +529,52 @@ class World:
         return LaunchResult(job_id=job.job_id, rank_id=rank_id, idempotency_key=key, status=LaunchStatus.LAUNCHED,
                             replicas_requested=n, replicas_launched=k, reason=reason, ready_at=ready)  # fmt: skip
 
-    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float | None = None) -> bool:
-        """Drain then release a rank; True when something was torn down (False: already gone, or a repeated key)."""
+    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float | None = None,
+                 handover: bool = False) -> bool:
+        """Drain then release a rank; True when something was torn down (False: already gone, or a repeated key).
+
+        ``handover`` (a swap's make-before-break): while no *other* live rank of the job has a
+        serving replica, the rank stays in the router's rotation (and on the bill) and is reported
+        as draining; the drain starts once a replacement serves, or after ``HANDOVER_TIMEOUT_S``
+        (a replacement that never materialises must not keep the old rank forever). Without it the
+        rank leaves the rotation at once — right for a preemption, a release or a scale-in.
+        """
         if idempotency_key in self.keys:
             return False
         self.keys[idempotency_key] = True
         idx = self.live_rank.get(rank_id)
-        if idx is None or self.ranks[idx].job_id != job_id or self.ranks[idx].state != "live":
+        if idx is None or self.ranks[idx].job_id != job_id or self.ranks[idx].state not in ("live", "handover"):
             return False
         rk = self.ranks[idx]
         drain = self.scenario.drain_s if drain_s is None else max(float(drain_s), 0.0)
+        if handover and rk.state == "live" and not self._replacement_serves(rk):
+            rk.state = "handover"
+            rk.handover_drain_s = drain
+            rk.handover_until = self.t + HANDOVER_TIMEOUT_S
+            self._log("teardown_deferred", job_id=job_id, rank_id=rank_id, drain_s=drain,
+                      until=rk.handover_until)  # fmt: skip
+            return True
+        self._begin_teardown(rk, drain)
+        return True
+
+    def _replacement_serves(self, rk: RankRT) -> bool:
+        """Does another live rank of ``rk``'s job have a serving replica?"""
+        for idx in self.live_rank.values():
+            other = self.ranks[idx]
+            if other is rk or other.job_idx != rk.job_idx or other.state != "live":
+                continue
+            if any(self.replicas[i].state == "serving" for i in other.replicas):
+                return True
+        return False
+
+    def _handover_check(self, t: float) -> None:
+        """Start the drain of every rank in handover whose replacement now serves (or whose wait ran out)."""
+        for idx in list(self.live_rank.values()):
+            rk = self.ranks[idx]
+            if rk.state == "handover" and (t >= rk.handover_until - 1e-9 or self._replacement_serves(rk)):
+                self._begin_teardown(rk, rk.handover_drain_s)
+
+    def _begin_teardown(self, rk: RankRT, drain: float) -> None:
         rk.state = "draining"
         for i in list(rk.replicas):
             rep = self.replicas[i]
@@ -530,12 +583,11 @@ class World:
             elif rep.state == "serving":
                 self._start_drain(rep)
         self._routing_dirty = True
-        self._log("teardown", job_id=job_id, rank_id=rank_id, drain_s=drain)
+        self._log("teardown", job_id=rk.job_id, rank_id=rk.rank_id, drain_s=drain)
         if drain <= 0:
             self._finish_rank(rk)
         else:
-            self._push(self.t + drain, "rank_drained", idx)
-        return True
+            self._push(self.t + drain, "rank_drained", self.live_rank[rk.rank_id])
 
     def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
               drain_s: float | None = None) -> LaunchResult:
@@ -619,6 +671,7 @@ class World:
         self.tele.add_latencies(out.ttft_rep, out.ttft, out.tpot_rep, out.tpot)
         if t1 >= self.next_sample - 1e-9:
             self._timeouts(t1)
+            self._handover_check(t1)
             self._drain_check(t1)
             self.tele.sample(self, t1)
             while self.next_sample <= t1 + 1e-9:
@@ -649,6 +702,7 @@ class World:
         self._routing_dirty = True
         rk = self.ranks[rep.rank]
         self._log("replica_ready", job_id=rk.job_id, rank_id=rk.rank_id, replica=rep.idx, degraded=rep.degraded)
+        self._handover_check(t)
 
     def _ev_matfail(self, t: float, rep_idx: int) -> None:
         rep = self.replicas[rep_idx]
@@ -932,7 +986,7 @@ class World:
     def _rebuild_routing(self) -> None:
         caps: dict[int, list[tuple[int, float]]] = {}
         for rk in self.ranks:
-            if rk.state != "live":
+            if rk.state not in ("live", "handover"):
                 continue
             for i in rk.replicas:
                 rep = self.replicas[i]

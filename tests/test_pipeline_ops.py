@@ -1,0 +1,62 @@
+"""S6's operations for a plan: releases first, launches, then a swap's old ranks handed over (make before break)."""
+
+from __future__ import annotations
+
+from koi.domain.chain import ChainConfig, Ladder, Rank
+from koi.domain.plan import Action, Plan
+from koi.pipeline.stages import plan_ops
+from koi.planning.synthetic import online_job, pool, snapshot, with_running
+
+H100 = ("aws", "p5.48xlarge")
+A100 = ("aws", "p4de.24xlarge")
+
+
+def _rank(p, n: int = 1) -> Rank:
+    return Rank(env=p.env, config=ChainConfig(instance_type=p.instance_type, tp=8), n_replicas=n)
+
+
+def _setup():
+    h, a = pool(*H100, "us-east-1", total=3), pool(*A100, "us-east-1", total=2)
+    jobs = [online_job("j1", "llama-3.1-8b", rate=4.0, ttft_ms=1000, tpot_ms=30, submitted_at=0),
+            online_job("j2", "llama-3.1-8b", rate=4.0, ttft_ms=1000, tpot_ms=30, submitted_at=1)]  # fmt: skip
+    snap = with_running(snapshot(jobs, [h, a], tick=3, now=900.0),
+                        {"j1": Ladder(ranks=[_rank(a)]), "j2": Ladder(ranks=[_rank(h)])})  # fmt: skip
+    return snap, h, a
+
+
+def _plan(snap, *actions: Action) -> Plan:
+    return Plan(tick=snap.tick, cluster_id=snap.cluster_id, actions=list(actions), proposer="deterministic")
+
+
+def test_a_swap_across_pools_hands_the_old_rank_over_after_the_launch() -> None:
+    snap, h, a = _setup()
+    ops = plan_ops(snap, _plan(snap, Action(job_id="j1", type="swap", ladder=Ladder(ranks=[_rank(h, n=2)]))),
+                   snap.cluster_id, snap.tick, 0, drain_s=30.0)  # fmt: skip
+    kinds = [(o.kind, o.job_id, o.handover) for o in ops]
+    assert kinds == [("launch", "j1", False), ("teardown", "j1", True)]
+    assert ops[1].drain_s == 30.0 and ops[1].rank.env == a.env
+
+
+def test_a_swap_within_a_pool_hands_over_when_the_pool_has_room() -> None:
+    snap, h, _ = _setup()  # H100: 3 instances, j2 holds 1
+    tp4 = Rank(env=h.env, config=ChainConfig(instance_type=h.instance_type, tp=4), n_replicas=4)  # 2 instances
+    ops = plan_ops(snap, _plan(snap, Action(job_id="j2", type="swap", ladder=Ladder(ranks=[tp4]))),
+                   snap.cluster_id, snap.tick, 0, drain_s=30.0)  # fmt: skip
+    assert [(o.kind, o.handover) for o in ops] == [("launch", False), ("teardown", True)]
+    # 6 replicas = 3 instances: only 2 are free, so the old rank's instance is reused in place
+    full = tp4.model_copy(update={"n_replicas": 6})
+    ops = plan_ops(snap, _plan(snap, Action(job_id="j2", type="swap", ladder=Ladder(ranks=[full]))),
+                   snap.cluster_id, snap.tick, 0, drain_s=30.0)  # fmt: skip
+    assert [(o.kind, o.handover, o.drain_s) for o in ops] == [("teardown", False, 0.0), ("launch", False, 0.0)]
+
+
+def test_a_swap_within_a_full_pool_and_a_preemption_release_at_once() -> None:
+    snap, h, _ = _setup()
+    plan = _plan(snap, Action(job_id="j2", type="swap", ladder=Ladder(ranks=[Rank(
+        env=h.env, config=ChainConfig(instance_type=h.instance_type, tp=4), n_replicas=6)])),
+        Action(job_id="j1", type="preempt"))  # fmt: skip
+    ops = plan_ops(snap, plan, snap.cluster_id, snap.tick, 0, drain_s=30.0)
+    teardowns = [o for o in ops if o.kind == "teardown"]
+    assert {o.job_id for o in teardowns} == {"j1", "j2"}
+    assert all(not o.handover and o.drain_s == 0.0 for o in teardowns)
+    assert ops.index(teardowns[-1]) < [o.kind for o in ops].index("launch")  # released before the launch
