@@ -60,3 +60,22 @@ def test_a_swap_within_a_full_pool_and_a_preemption_release_at_once() -> None:
     assert {o.job_id for o in teardowns} == {"j1", "j2"}
     assert all(not o.handover and o.drain_s == 0.0 for o in teardowns)
     assert ops.index(teardowns[-1]) < [o.kind for o in ops].index("launch")  # released before the launch
+
+
+def test_a_degraded_rank_asked_for_again_recovers_its_missing_replicas() -> None:
+    from koi.domain import DeploymentState
+
+    snap, h, a = _setup()
+    two = _rank(a, n=2)
+    snap = with_running(snapshot(list(j.job for j in snap.jobs), [h, a], tick=3, now=900.0), {"j1": Ladder(ranks=[two])})
+    deps = [d.model_copy(update={"state": DeploymentState.DEGRADED, "replicas_ready": 1}) if d.job_id == "j1" else d
+            for d in snap.deployments]  # fmt: skip
+    snap = snap.model_copy(update={"deployments": deps})
+    ops = plan_ops(snap, _plan(snap, Action(job_id="j1", type="swap", ladder=Ladder(ranks=[two]))),
+                   snap.cluster_id, snap.tick, 0, drain_s=30.0)  # fmt: skip
+    assert [(o.kind, o.n_replicas, o.prev_replicas, o.detail.get("recover")) for o in ops] == [("scale", 2, 1, True)]
+    # a healthy rank asked for at its size is left alone
+    healthy = snap.model_copy(update={"deployments": [d.model_copy(update={"state": DeploymentState.SERVING,
+                                                                            "replicas_ready": 2}) for d in deps]})
+    assert plan_ops(healthy, _plan(healthy, Action(job_id="j1", type="swap", ladder=Ladder(ranks=[two]))),
+                    healthy.cluster_id, healthy.tick, 0, drain_s=30.0) == []  # fmt: skip

@@ -139,7 +139,7 @@ def test_ejection_move_frees_a_blocked_pool() -> None:
     assert st.pick == [2, 1]
 
 
-def _churn_problem(swap_edges: frozenset[int]):
+def _churn_problem(swap_edges: frozenset[int], swap_sigma: float = -0.2, slack: float = 0.05):
     """One running job: keep its ladder (testing edges 0 and 1) or swap to an equally good one."""
     from types import SimpleNamespace
 
@@ -156,14 +156,14 @@ def _churn_problem(swap_edges: frozenset[int]):
     })
     keep = _cand("chat", OptionKind.KEEP, -0.2)
     keep.activation = Activation(edges=frozenset({0, 1}))
-    swap = _cand("chat", OptionKind.SWAP, -0.2)
+    swap = _cand("chat", OptionKind.SWAP, swap_sigma)
     swap.activation = Activation(edges=swap_edges)
     jc = JobCandidates(state=JobState(job=job, status="active"), slice=None, demand_tps=1.0,
                        candidates=[swap], keep=keep, defer=None, reference=None)
     snap = ClusterSnapshot(cluster_id="c", tick=1, now=300.0, jobs=[jc.state])
     book = SimpleNamespace(envelopes={}, priority_table=["chat"])
     exploration = SimpleNamespace(u_edge=np.ones(3), u_mech=np.zeros(0), omega_m=1.0)
-    return build_problem(snap, {"chat": jc}, book, PlanningKnobs(beta=0.5), exploration)
+    return build_problem(snap, {"chat": jc}, book, PlanningKnobs(beta=0.5, explore_slack=slack), exploration)
 
 
 def test_a_kept_ladder_keeps_exploring_so_a_swap_earns_only_new_edges() -> None:
@@ -174,3 +174,67 @@ def test_a_kept_ladder_keeps_exploring_so_a_swap_earns_only_new_edges() -> None:
     assert same.expl == pytest.approx(2.0)  # the kept ladder's edges count in Expl(P)
     new = select(_churn_problem(frozenset({0, 1, 2})))
     assert new.choice["chat"].kind is OptionKind.SWAP
+
+
+def test_exploration_never_buys_a_clearly_worse_ladder() -> None:
+    """Safe exploration: a swap 0.3 below keeping would win on β·U = 0.5 for its new edge, but it
+    lies beyond the slack, so it earns no exploration and the job keeps; within the slack the
+    same new edge decides."""
+    far = _churn_problem(frozenset({0, 1, 2}), swap_sigma=-0.5)
+    assert far.options[0][1].edges == () and far.options[0][0].edges == (0, 1)
+    assert select(far).choice["chat"].kind is OptionKind.KEEP
+    assert select(_churn_problem(frozenset({0, 1, 2}), swap_sigma=-0.5, slack=1.0)).choice["chat"].kind is OptionKind.SWAP
+    near = _churn_problem(frozenset({0, 1, 2}), swap_sigma=-0.23)
+    assert select(near).choice["chat"].kind is OptionKind.SWAP
+
+
+def _make_room_problem(reserve: bool) -> SelectionProblem:
+    """Pool h is full: running job A holds its one instance and could move to pool a; pending job B
+    fits only on h. A reservation for B holds h at the end of the tick (A's overlap over)."""
+    a_keep = Option(_cand("A", OptionKind.KEEP, -0.1), value=-0.1, usage={}, quota={}, is_swap=False, edges=(), mechs=())
+    a_swap = Option(_cand("A", OptionKind.SWAP, -0.15), value=-0.15, usage={"a": 1}, quota={}, is_swap=True,
+                    edges=(), mechs=(), after={"a": 1, "h": -1})  # fmt: skip
+    b_defer = Option(_cand("B", OptionKind.DEFER, 0.0), value=-20.0, usage={}, quota={}, is_swap=False, edges=(), mechs=())
+    b_place = Option(_cand("B", OptionKind.PLACE, -0.5), value=-0.5, usage={"h": 1}, quota={}, is_swap=False,
+                     edges=(), mechs=(), after={"h": 1})  # fmt: skip
+    b_opts = [b_defer, b_place]
+    if reserve:
+        held = _cand("B", OptionKind.DEFER, 0.0)
+        held.reserves = b_place.cand
+        b_opts.append(Option(held, value=-20.0 + 0.5 * 19.5, usage={}, quota={}, is_swap=False, edges=(), mechs=(),
+                             after={"h": 1}))  # fmt: skip
+    return SelectionProblem(job_ids=["A", "B"], options=[[a_keep, a_swap], b_opts], pool_free={"h": 0, "a": 2},
+                            quota_limit={}, swap_budget=2, beta=0.0, u_edge=np.zeros(0), u_mech=np.zeros(0),
+                            omega_m=1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("use_milp", [True, False])
+def test_a_reservation_moves_a_job_off_the_only_pool_a_pending_job_fits(use_milp: bool) -> None:
+    myopic = select(_make_room_problem(reserve=False), use_milp=use_milp)
+    assert myopic.choice["A"].kind is OptionKind.KEEP and myopic.choice["B"].kind is OptionKind.DEFER
+    ahead = select(_make_room_problem(reserve=True), use_milp=use_milp)
+    assert ahead.choice["A"].kind is OptionKind.SWAP
+    assert ahead.choice["B"].kind is OptionKind.DEFER and ahead.choice["B"].reserves is not None
+    # the end-of-tick row: B may not hold h while A stays on it
+    assert violations(_make_room_problem(reserve=True), [0, 2]) == ["pool h at the end of the tick: 1 > 0"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_milp_is_exact_with_reservations(seed: int) -> None:
+    problem = _random_problem(seed, beta=0.0, budget=2)
+    rng = np.random.default_rng(100 + seed)
+    for opts in problem.options:
+        for o in opts[1:]:
+            o.after = {p: d for p, d in o.usage.items()}
+            if o.is_swap:  # the running ladder's instances are free once the overlap ends
+                o.after["p0"] = o.after.get("p0", 0) - 1
+        if opts[0].cand.kind is OptionKind.DEFER:
+            best = max(opts[1:], key=lambda o: o.value)
+            held = _cand(opts[0].cand.job_id, OptionKind.DEFER, 0.0)
+            held.reserves = best.cand
+            opts.append(Option(held, value=opts[0].value + 0.5 * (best.value - opts[0].value), usage={}, quota={},
+                               is_swap=False, edges=(), mechs=(),
+                               after={f"p{int(rng.integers(3))}": int(rng.integers(1, 3))}))  # fmt: skip
+    pick, res, _, _ = solve_milp(problem)
+    assert pick is not None and not violations(problem, pick)
+    assert evaluate(problem, pick)[0] == pytest.approx(_brute(problem), abs=1e-6)

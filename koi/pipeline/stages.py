@@ -562,6 +562,12 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
                             n_replicas=r.n_replicas, prev_replicas=current[rid].rank.n_replicas,
                             detail={"action": a.type.value})
                     (first if r.n_replicas < op.prev_replicas else ups).append(op)
+                elif current[rid].state is DeploymentState.DEGRADED and current[rid].replicas_ready < r.n_replicas:
+                    # replicas that failed to materialise (or were lost) are not retried by the
+                    # executor: the plan asking for this rank at its size again means "recover them"
+                    ups.append(Op("scale", a.job_id, r, rid, _key(cluster_id, tick, a.job_id, rid, "scale", epoch),
+                                  n_replicas=r.n_replicas, prev_replicas=current[rid].replicas_ready,
+                                  detail={"action": a.type.value, "recover": True}))
             for rid, d in current.items():
                 if rid in target:
                     continue

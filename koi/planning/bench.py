@@ -90,7 +90,7 @@ def milp_bench(n_jobs: int, n_gpus: int, n_envs: int, *, seed: int = 0, n_candid
     problem = build_problem(snap, cands, book, ctx.knobs, ctx.exploration)
     with _Clock() as clk:
         pick, res, nv, nc = solve_milp(problem, time_limit=time_limit, mip_rel_gap=mip_rel_gap)
-    n_opts = [len(o) - 1 for o in problem.options]
+    n_opts = [sum(1 for x in o[1:] if x.cand.reserves is None) for o in problem.options]  # candidates, not reservations
     out = {
         "jobs": n_jobs, "gpus": snap.resources.total_gpus, "environments": len({p.env.env_id for p in snap.resources.pools}),
         "pools": len(snap.resources.pools), "candidates_per_job_mean": round(sum(n_opts) / max(len(n_opts), 1), 2),

@@ -147,6 +147,7 @@ class Candidate:
     activation: Activation = EMPTY
     mechanism_id: str | None = None
     cand_id: str = ""
+    reserves: Candidate | None = None  # a defer that holds capacity for this ladder at the end of the tick
     _ladder: Ladder | None = field(default=None, repr=False)
 
     @property

@@ -132,7 +132,11 @@ def action_for(snapshot: ClusterSnapshot, jc: JobCandidates, c: Candidate, book:
         why += f"; no swap among {n_opts} candidates pays for its switching cost" if n_opts else "; no alternative"
         return Action(job_id=job.job_id, type=ActionType.KEEP, tenant_id=job.tenant, mechanism_id=c.mechanism_id,
                       budget_ref=s.slice_id if s else None, rationale=why, issuer=issuer)
-    if jc.candidates:
+    if c.reserves is not None:
+        r = c.reserves
+        why = (f"defer, reserved: {_describe(r.ranks)} (σ={r.sigma:.3f}, unserved {r.unserved:.0%}) does not fit "
+               f"this tick; the plan leaves its instances free once this tick's swaps end, to place it next tick")
+    elif jc.candidates:
         why = f"defer: {n_opts} feasible candidates, none fits the capacity left after higher-value jobs"
     else:
         why = "defer: " + ("; ".join(jc.infeasible_reasons) or "no feasible ladder")

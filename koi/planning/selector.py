@@ -30,6 +30,25 @@ means a swap only earns exploration for edges no other ladder of the plan — ke
 included — already exercises; giving keeps no masks would pay every swap β·U for evidence
 the kept ladder was producing anyway, a systematic bias toward churn. A defer carries none.
 
+**Reservations (two-tick lookahead).** Capacity a swap frees is free only once its A/B
+overlap ends, so a one-tick program can never move jobs off the only GPUs a pending job's
+ladders fit: it would pay the swaps now and see the gain never. A pending job therefore also
+has *reservation* options, one per its ``RESERVE_TOP`` best ladders: a defer now that holds
+that ladder's instances at the end of the tick, valued v_defer + ρ·(v_ladder − v_defer)
+(ρ = ``knobs.reserve_share``). They use no capacity now; a second row per pool holds the
+end-of-tick state, Σ a_ikp x_ik ≤ free_p with a = what an option holds once the overlaps end
+(a place its instances, a swap new − old in every pool, a reservation its ladder's, keep and
+defer nothing). For the other options that row is implied by the first, so it is added only
+when reservations exist. The job is placed next tick, when those instances are free.
+
+**Safe exploration.** An option carries its masks only when its value v is within
+``explore_slack`` (knobs, default 0.05) of the job's best option: exploration chooses *which*
+of the near-equivalent ladders to run by what it would teach, it never buys a ladder the
+job's own score calls clearly worse. Without the gate, β·EIG summed over a fresh regime's
+edges (EIG ≈ 1–10 at cold start) outbid J gaps of 0.1–0.5: on hetero-3h that bought costlier
+and under-sized ladders for online jobs (−0.75 composite against the same planner with β = 0).
+The kept ladder always carries its masks (see the Expl linearisation above).
+
 **Determinism.** HiGHS is deterministic on the same model, and every tie in the model
 building and the greedy is broken by job order (the budget book's priority table) and option
 index. A solve stopped by its *time limit* depends on the machine's speed, so a plan is
@@ -50,7 +69,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy import sparse
@@ -77,6 +96,7 @@ class Option:
     is_swap: bool
     edges: tuple[int, ...]
     mechs: tuple[int, ...]
+    after: dict[str, int] = field(default_factory=dict)  # net instances per pool once the tick's overlaps end
 
 
 @dataclass
@@ -156,9 +176,12 @@ def build_problem(
         tenant = jc.state.job.tenant
         keep_usage = jc.keep.usage if jc.keep is not None else {}
         opts = []
-        for c in [jc.null, *jc.candidates]:
-            explores = c.kind is not OptionKind.DEFER and c.activation is not None
-            value = c.sigma - knobs.unserved_weight * pr * c.unserved
+        values = [c.sigma - knobs.unserved_weight * pr * c.unserved for c in [jc.null, *jc.candidates]]
+        floor = max(values) - knobs.explore_slack
+        for c, value in zip([jc.null, *jc.candidates], values, strict=True):
+            # safe exploration: only the running ladder and near-best options carry their masks
+            explores = (c.kind is not OptionKind.DEFER and c.activation is not None
+                        and (c.kind is OptionKind.KEEP or value >= floor))  # fmt: skip
             if c.kind is OptionKind.KEEP:
                 usage: dict[str, int] = {}
             elif c.kind is OptionKind.SWAP:
@@ -172,16 +195,42 @@ def build_problem(
                 if (tenant, "*") in quota_limit:
                     quota[(tenant, "*")] = quota.get((tenant, "*"), 0) + k
             act = c.activation
+            if c.kind is OptionKind.SWAP:
+                new_use = c.usage  # once the overlap ends the old ladder's instances are free everywhere
+                after = {k: new_use.get(k, 0) - keep_usage.get(k, 0) for k in sorted(set(new_use) | set(keep_usage))}
+                after = {k: v for k, v in after.items() if v != 0}
+            else:
+                after = dict(usage)
             opts.append(Option(
                 cand=c, value=float(value), usage=usage, quota=quota, is_swap=c.kind is OptionKind.SWAP,
                 edges=tuple(sorted(act.edges)) if explores else (), mechs=tuple(sorted(act.mechanisms)) if explores else (),
+                after=after,
             ))
+        if jc.null.kind is OptionKind.DEFER and knobs.reserve_share > 0:
+            opts.extend(_reservations(jc, opts, knobs.reserve_share))
         options.append(opts)
     return SelectionProblem(
         job_ids=job_ids, options=options, pool_free=pool_free, quota_limit=quota_limit,
         swap_budget=knobs.swap_budget, beta=knobs.beta, u_edge=exploration.u_edge, u_mech=exploration.u_mech,
         omega_m=exploration.omega_m, env_caps=dict(env_caps or {}),
     )
+
+
+#: reservation options per pending job: its best ladders by value
+RESERVE_TOP = 3
+
+
+def _reservations(jc: JobCandidates, opts: list[Option], share: float) -> list[Option]:
+    """A pending job's reservation options (module docstring, "Reservations")."""
+    null = opts[0]
+    best = sorted((o for o in opts[1:] if o.cand.kind is OptionKind.PLACE and o.value > null.value),
+                  key=lambda o: (-o.value, o.cand.cand_id))[:RESERVE_TOP]  # fmt: skip
+    out = []
+    for o in best:
+        cand = replace(jc.null, reserves=o.cand, cand_id=f"reserve:{o.cand.cand_id}")
+        out.append(Option(cand=cand, value=null.value + share * (o.value - null.value), usage={}, quota={},
+                          is_swap=False, edges=(), mechs=(), after=dict(o.cand.usage)))  # fmt: skip
+    return out
 
 
 def _env_of_pool(pid: str) -> str:
@@ -221,6 +270,12 @@ def violations(problem: SelectionProblem, pick: Sequence[int]) -> list[str]:
         swaps += o.is_swap
     bad = [f"pool {p}: {use[p]} > {problem.pool_free.get(p, 0)}" for p in sorted(use)
            if use[p] > problem.pool_free.get(p, 0)]
+    after: dict[str, int] = defaultdict(int)
+    for opts, k in zip(problem.options, pick, strict=True):
+        for p, d in opts[k].after.items():
+            after[p] += d
+    bad += [f"pool {p} at the end of the tick: {after[p]} > {problem.pool_free.get(p, 0)}" for p in sorted(after)
+            if after[p] > problem.pool_free.get(p, 0)]
     bad += [f"quota {k}: {q[k]} > {problem.quota_limit[k]}" for k in sorted(q) if q[k] > problem.quota_limit[k]]
     if swaps > problem.swap_budget:
         bad.append(f"swaps {swaps} > B={problem.swap_budget}")
@@ -245,6 +300,8 @@ def solve_milp(problem: SelectionProblem, time_limit: float = 10.0, mip_rel_gap:
     ub: list[float] = []
     r = 0
     pool_rows: dict[str, int] = {}
+    after_rows: dict[str, int] = {}
+    reserving = any(o.cand.reserves is not None for opts in problem.options for o in opts)
     env_rows: dict[str, int] = {}
     quota_rows: dict[tuple[str, str], int] = {}
     swap_row = -1
@@ -267,6 +324,15 @@ def solve_milp(problem: SelectionProblem, time_limit: float = 10.0, mip_rel_gap:
                     lb.append(-np.inf)
                     ub.append(float(problem.pool_free.get(p, 0)))
                 rows.append(pool_rows[p])
+                cols.append(x)
+                vals.append(float(d))
+            for p, d in (o.after.items() if reserving else ()):
+                if p not in after_rows:
+                    after_rows[p] = r
+                    r += 1
+                    lb.append(-np.inf)
+                    ub.append(float(problem.pool_free.get(p, 0)))
+                rows.append(after_rows[p])
                 cols.append(x)
                 vals.append(float(d))
             for key, g in o.quota.items():
@@ -347,6 +413,7 @@ class _State:
         self.p = problem
         self.pick = list(pick)
         self.use: dict[str, int] = defaultdict(int)
+        self.after: dict[str, int] = defaultdict(int)
         self.q: dict[tuple[str, str], int] = defaultdict(int)
         self.swaps = 0
         self.ecount: dict[int, int] = defaultdict(int)
@@ -357,6 +424,8 @@ class _State:
     def _apply(self, o: Option, s: int) -> None:
         for p, d in o.usage.items():
             self.use[p] += s * d
+        for p, d in o.after.items():
+            self.after[p] += s * d
         for key, g in o.quota.items():
             self.q[key] += s * g
         self.swaps += s * o.is_swap
@@ -369,10 +438,14 @@ class _State:
         """Would job i fit with option k (after releasing its current one and, optionally, another option)?"""
         o_new = self.p.options[i][k]
         o_old = self.p.options[i][self.pick[i]]
-        for p, d in o_new.usage.items():
-            cur = self.use[p] - o_old.usage.get(p, 0) - (extra_out.usage.get(p, 0) if extra_out else 0)
-            if cur + d > self.p.pool_free.get(p, 0) and d > 0:
-                return False
+        for total, attr in ((self.use, "usage"), (self.after, "after")):
+            new, old = getattr(o_new, attr), getattr(o_old, attr)
+            out = getattr(extra_out, attr) if extra_out is not None else {}
+            for p in set(new) | set(old) | set(out):
+                delta = new.get(p, 0) - old.get(p, 0) - out.get(p, 0)
+                # a move that adds instances to a pool must fit; leaving one that freed some adds too
+                if delta > 0 and total[p] + delta > self.p.pool_free.get(p, 0):
+                    return False
         for key, g in o_new.quota.items():
             cur = self.q[key] - o_old.quota.get(key, 0) - (extra_out.quota.get(key, 0) if extra_out else 0)
             if cur + g > self.p.quota_limit[key] and g > 0:
@@ -492,8 +565,16 @@ def _ejections(st: _State, t0: float, time_limit: float, top_i: int = 3, max_hol
             if want.is_swap and st.swaps - p.options[i][cur].is_swap + 1 > p.swap_budget:
                 continue
             blocked = {q for q, d in want.usage.items() if d > 0}
+            blocked_end = {q for q, d in want.after.items() if d > 0}  # a reservation: pools held once overlaps end
+
+            def frees_end(j: int, a: int, pools: set[str] = blocked_end) -> bool:
+                cur_o, alt_o = p.options[j][st.pick[j]], p.options[j][a]
+                return any(alt_o.after.get(q, 0) < cur_o.after.get(q, 0) for q in pools)
+
             holders = sorted({j for j in range(len(p.options)) if j != i
-                              and any(p.options[j][st.pick[j]].usage.get(q, 0) > 0 for q in blocked)})[:max_holders]
+                              and (any(p.options[j][st.pick[j]].usage.get(q, 0) > 0 for q in blocked)
+                                   or any(frees_end(j, a) for a in range(len(p.options[j])) if a != st.pick[j]))}
+                             )[:max_holders]  # fmt: skip
             undo: list[tuple[int, int]] = []
             gain = 0.0
             for j in holders:
@@ -505,8 +586,10 @@ def _ejections(st: _State, t0: float, time_limit: float, top_i: int = 3, max_hol
                     if a == st.pick[j]:
                         continue
                     oa = p.options[j][a]
-                    if all(oa.usage.get(q, 0) < held.usage.get(q, 0) for q in blocked if held.usage.get(q, 0) > 0) \
-                            and st.fits(j, a):
+                    now_held = [q for q in blocked if held.usage.get(q, 0) > 0]
+                    frees = (bool(now_held) and all(oa.usage.get(q, 0) < held.usage.get(q, 0) for q in now_held)) \
+                        or frees_end(j, a)
+                    if frees and st.fits(j, a):
                         alts.append((-st.gain(j, a), a))
                 if not alts:
                     continue

@@ -19,6 +19,18 @@ Cold-start defaults (before the slow loop has written a state):
 - ω_m = 1.0: a mechanism's uncertainty counts like one edge's. A mechanism has several
   edges, so its own term is a fraction of what its edges add; it still rewards testing a
   scope whose edges are individually well known (overview §2.4).
+- explore_slack Δ = 0.05: the selector counts a candidate's EIG only when its value is within Δ
+  of the job's best option (safe exploration, :mod:`koi.planning.selector`). The β = 0.05 above
+  was reasoned per edge, but EIG sums a ladder's edges and mechanisms, so one fresh regime
+  weighs 0.05 × (1–10); Δ restores the intent — exploration breaks near-ties, never buys a
+  clearly worse ladder — whatever the size of the graph.
+- reserve_share ρ = 0.5: a pending job whose ladders do not fit this tick may *reserve* one —
+  the plan leaves that ladder's instances free at the end of the tick (other jobs swap away;
+  the A/B overlap means what they free is usable only then), and it is placed next tick
+  (:mod:`koi.planning.selector`, "Reservations"). The reservation earns ρ of what placing the
+  ladder would gain over deferring: discounted for the tick it waits and for the chance the
+  capacity is not free in time, but large enough that a high-priority job no ladder fits now
+  is not starved by a myopic planner.
 - unserved_weight W = 10: a pending job left deferred costs W·priority·(unserved share).
   J is bounded below by −(1+5ρ)·G_MAX = −5.005 (gaps are clipped, see
   :mod:`koi.scoring.tchebycheff`), so any feasible ladder of a priority-1 job beats
@@ -56,6 +68,10 @@ class PlanningKnobs(KoiModel):
     tau: float = Field(default=0.2, gt=0, le=1, description="τ, C3 breach-probability threshold")
     rho: float = Field(default=RHO_AUG, ge=0, description="ρ, Tchebycheff augmentation")
     omega_m: float = Field(default=1.0, ge=0, description="ω_m, mechanism weight in Expl")
+    reserve_share: float = Field(default=0.5, ge=0, le=1,
+                                 description="value share of a pending job's ladder that reserving capacity earns")
+    explore_slack: float = Field(default=0.05, ge=0,
+                                 description="options more than this below a job's best value earn no exploration")
     q: float = Field(default=0.95, gt=0.5, lt=1, description="DRO band quantile")
     unserved_weight: float = Field(default=10.0, ge=0, description="W, unserved-demand penalty per priority unit")
     utilization_cap: float = Field(default=UTILIZATION_CAP, gt=0, le=1, description="online per-replica cap")
