@@ -70,47 +70,61 @@ class Fitness:
         self.quota = [np.array([[o.quota.get(k, 0) for k in quotas] for o in opts], dtype=float).reshape(len(opts), len(quotas))
                       for opts in problem.options]
         self.swap = [np.array([1.0 if o.is_swap else 0.0 for o in opts]) for opts in problem.options]
+        # the end-of-tick rows of reservations (koi.planning.selector, "Reservations")
+        ends = sorted({pid for opts in problem.options for o in opts for pid in o.after}) \
+            if any(o.cand.reserves is not None for opts in problem.options for o in opts) else []
+        self.ends = ends
+        self.free_end = np.array([float(problem.pool_free.get(p, 0)) for p in ends])
+        self.after = [np.array([[o.after.get(p, 0) for p in ends] for o in opts], dtype=float).reshape(len(opts), len(ends))
+                      for opts in problem.options]
         self.big = (self.n_jobs + 1) * problem_scale(problem)
         if problem.beta and (len(problem.u_edge) or len(problem.u_mech)):
             raise ValueError("evolutionary search scores plans without exploration (β = 0)")
 
-    def parts(self, pop: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(objective, pool use, quota use, swaps) of each genome."""
+    def parts(self, pop: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(objective, pool use, quota use, swaps, end-of-tick pool use) of each genome."""
         n = pop.shape[0]
         obj = np.zeros(n)
         use = np.zeros((n, len(self.pools)))
         q = np.zeros((n, len(self.quotas)))
         sw = np.zeros(n)
+        end = np.zeros((n, len(self.ends)))
         for i in range(self.n_jobs):
             g = pop[:, i]
             obj += self.values[i][g]
             use += self.usage[i][g]
             q += self.quota[i][g]
             sw += self.swap[i][g]
-        return obj, use, q, sw
+            end += self.after[i][g]
+        return obj, use, q, sw, end
 
-    def overuse(self, use: np.ndarray, q: np.ndarray, sw: np.ndarray) -> np.ndarray:
-        return (np.clip(use - self.free, 0, None).sum(axis=1) + np.clip(q - self.qlim, 0, None).sum(axis=1)
+    def overuse(self, use: np.ndarray, q: np.ndarray, sw: np.ndarray, end: np.ndarray | None = None) -> np.ndarray:
+        over = (np.clip(use - self.free, 0, None).sum(axis=1) + np.clip(q - self.qlim, 0, None).sum(axis=1)
                 + np.clip(sw - self.p.swap_budget, 0, None))
+        if end is not None and end.shape[1]:
+            over = over + np.clip(end - self.free_end, 0, None).sum(axis=1)
+        return over
 
     def __call__(self, pop: np.ndarray) -> np.ndarray:
-        obj, use, q, sw = self.parts(pop)
-        over = self.overuse(use, q, sw)
+        obj, use, q, sw, end = self.parts(pop)
+        over = self.overuse(use, q, sw, end)
         return np.where(over > 0, obj - self.big * (1.0 + over), obj)
 
     def repair(self, genome: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Reset random offending jobs to their null option until no shared constraint is violated."""
         g = genome.copy()
         while True:
-            _, use, q, sw = self.parts(g[None, :])
+            _, use, q, sw, end = self.parts(g[None, :])
             bad_p = np.flatnonzero(use[0] > self.free)
             bad_q = np.flatnonzero(q[0] > self.qlim) if len(self.quotas) else np.zeros(0, int)
+            bad_e = np.flatnonzero(end[0] > self.free_end) if len(self.ends) else np.zeros(0, int)
             over_sw = sw[0] > self.p.swap_budget
-            if not len(bad_p) and not len(bad_q) and not over_sw:
+            if not len(bad_p) and not len(bad_q) and not len(bad_e) and not over_sw:
                 return g
             culprits = [i for i in range(self.n_jobs) if g[i] != 0 and (
                 (len(bad_p) and (self.usage[i][g[i]][bad_p] > 0).any())
                 or (len(bad_q) and (self.quota[i][g[i]][bad_q] > 0).any())
+                or (len(bad_e) and (self.after[i][g[i]][bad_e] > 0).any())
                 or (over_sw and self.swap[i][g[i]] > 0))]
             if not culprits:  # cannot happen (null options use nothing); never loop forever
                 return np.zeros_like(g)
