@@ -299,12 +299,20 @@ def solve_milp(problem: SelectionProblem, time_limit: float = 10.0, mip_rel_gap:
     lb: list[float] = []
     ub: list[float] = []
     r = 0
-    pool_rows: dict[str, int] = {}
-    after_rows: dict[str, int] = {}
     reserving = any(o.cand.reserves is not None for opts in problem.options for o in opts)
-    env_rows: dict[str, int] = {}
-    quota_rows: dict[tuple[str, str], int] = {}
-    swap_row = -1
+    row_of: dict[tuple, int] = {}  # ("pool"|"after"|"quota"|"env"|"swap", key) -> row, created on first use
+
+    def put(row_key: tuple, upper: float, x: int, v: float) -> None:
+        nonlocal r
+        if row_key not in row_of:
+            row_of[row_key] = r
+            r += 1
+            lb.append(-np.inf)
+            ub.append(upper)
+        rows.append(row_of[row_key])
+        cols.append(x)
+        vals.append(v)
+
     for i, opts in enumerate(problem.options):
         for k, o in enumerate(opts):
             c[offs[i] + k] = -o.value
@@ -318,55 +326,20 @@ def solve_milp(problem: SelectionProblem, time_limit: float = 10.0, mip_rel_gap:
         for k, o in enumerate(opts):
             x = int(offs[i] + k)
             for p, d in o.usage.items():
-                if p not in pool_rows:
-                    pool_rows[p] = r
-                    r += 1
-                    lb.append(-np.inf)
-                    ub.append(float(problem.pool_free.get(p, 0)))
-                rows.append(pool_rows[p])
-                cols.append(x)
-                vals.append(float(d))
+                put(("pool", p), float(problem.pool_free.get(p, 0)), x, float(d))
             for p, d in (o.after.items() if reserving else ()):
-                if p not in after_rows:
-                    after_rows[p] = r
-                    r += 1
-                    lb.append(-np.inf)
-                    ub.append(float(problem.pool_free.get(p, 0)))
-                rows.append(after_rows[p])
-                cols.append(x)
-                vals.append(float(d))
+                put(("after", p), float(problem.pool_free.get(p, 0)), x, float(d))
             for key, g in o.quota.items():
-                if key not in quota_rows:
-                    quota_rows[key] = r
-                    r += 1
-                    lb.append(-np.inf)
-                    ub.append(float(problem.quota_limit[key]))
-                rows.append(quota_rows[key])
-                cols.append(x)
-                vals.append(float(g))
+                put(("quota", key), float(problem.quota_limit[key]), x, float(g))
             if problem.env_caps:
                 per_env: dict[str, float] = defaultdict(float)
                 for rk in o.cand.ranks:
                     if rk.env.env_id in problem.env_caps and o.cand.kind is not OptionKind.KEEP:
                         per_env[rk.env.env_id] += rk.gpus
                 for env_id, g in per_env.items():
-                    if env_id not in env_rows:
-                        env_rows[env_id] = r
-                        r += 1
-                        lb.append(-np.inf)
-                        ub.append(float(problem.env_caps[env_id]))
-                    rows.append(env_rows[env_id])
-                    cols.append(x)
-                    vals.append(g)
+                    put(("env", env_id), float(problem.env_caps[env_id]), x, g)
             if o.is_swap:
-                if swap_row < 0:
-                    swap_row = r
-                    r += 1
-                    lb.append(-np.inf)
-                    ub.append(float(problem.swap_budget))
-                rows.append(swap_row)
-                cols.append(x)
-                vals.append(1.0)
+                put(("swap",), float(problem.swap_budget), x, 1.0)
     # Expl: y_e − Σ a_e x ≤ 0
     cover_e: dict[int, list[int]] = defaultdict(list)
     cover_m: dict[int, list[int]] = defaultdict(list)
