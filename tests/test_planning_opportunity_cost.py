@@ -43,6 +43,11 @@ def _ctx() -> PlanningContext:
     return PlanningContext(predictor=FixedPredictor(ROWS))
 
 
+def _gpus_of(plan, job_id: str) -> set[str]:
+    a = plan.action_for(job_id)
+    return set() if a is None or a.ladder is None else {r.env.gpu_type for r in a.ladder.ranks}
+
+
 def _gpu_of(plan, job_id: str) -> str | None:
     a = plan.action_for(job_id)
     return None if a is None or a.ladder is None else a.ladder.ranks[0].env.gpu_type
@@ -64,7 +69,8 @@ def test_the_batch_job_prefers_the_h100_locally() -> None:
 def test_greedy_per_job_planner_breaks_the_online_job() -> None:
     snap = _snapshot(batch_first=True)
     res = prism_greedy(snap, _ctx())
-    assert _gpu_of(res.plan, "batch-eval") == "H100"
+    # the batch job takes the H100 (alone, or as one rank of a split ladder over both nodes)
+    assert "H100" in _gpus_of(res.plan, "batch-eval")
     assert res.plan.action_for("chat").type is ActionType.DEFER
     # first-fit cheapest-first fails the same way
     ff = fcfs_first_fit(snap, _ctx())

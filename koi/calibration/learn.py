@@ -334,7 +334,7 @@ def learned_surrogate(records: Sequence[Any]) -> Surrogate:
     and output corrections, hence the same predictions, at a twentieth of the cost.
     """
     residuals = ResidualModel.fit(records, block=max(1, len(records)))
-    return Surrogate(residuals=residuals, profiles=ProfileBook.from_residuals(residuals))
+    return Surrogate(residuals=residuals, profiles=ProfileBook())
 
 
 class LearnLoop:

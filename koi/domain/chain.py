@@ -101,6 +101,12 @@ class Rank(KoiModel):
     config: ChainConfig
     n_replicas: int = Field(ge=1, le=4096)
     mechanism_id: str | None = None
+    route_weight: float | None = Field(
+        default=None, gt=0,
+        description="the gateway's weight of one replica of this rank among the job's ranks (the planner's "
+                    "per-replica SLO capacity, req/s); honoured when every serving rank of the job has one, "
+                    "else the gateway weighs replicas by nominal decode capacity. Not part of the ladder's key.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -117,7 +117,13 @@ class RankSpec:
         return instances_for(self.config.gpus, k, self.gpus_per_instance) * self.unit_price
 
     def to_rank(self, mechanism_id: str | None = None) -> Rank:
-        return Rank(env=self.env, config=self.config, n_replicas=self.n, mechanism_id=mechanism_id)
+        """The rank, with the gateway weight :func:`evaluate_ladders` assumed: the ladder's load is
+        shared in proportion to each replica's SLO capacity (saturation where it has none). A gateway
+        that weighed replicas by anything else (nominal decode speed) would overload the rank of a
+        split ladder whose KV cache, not its iteration rate, bounds its capacity."""
+        w = self.est.cap_rps if self.est.cap_rps > 0 else self.est.sat_rps
+        return Rank(env=self.env, config=self.config, n_replicas=self.n, mechanism_id=mechanism_id,
+                    route_weight=float(w) if w > 0 and math.isfinite(w) else None)
 
     def with_n(self, n: int) -> RankSpec:
         return RankSpec(self.pool_id, self.env, self.config, n, self.est,
@@ -755,6 +761,10 @@ class CandidateGenerator:
 
         # 3. split ladders across pools when the best pools are short
         hetero = self._hetero(rows_p, rows_pool, rows_pid, protos, y, p_brk, weights, online, row_spec)
+        if js.status is JobStatus.PENDING:  # and over whole pools: what a reservation can make room for
+            seen_keys = {_ladder_key(h) for h in hetero}
+            hetero += [h for h in self._hetero(rows_p, rows_pool, rows_pid, protos, y, p_brk, weights, online,
+                                               row_spec, whole_pools=True) if _ladder_key(h) not in seen_keys]
         if hetero:
             hev = evaluate_ladders(js, hetero, ctx, now, np.array([max(r.cold_s for r in h) for h in hetero]))
         H = len(hetero)
@@ -811,10 +821,15 @@ class CandidateGenerator:
                 if pools_i <= cur_pools and _ladder_key(ranks_of(i)) == cur_key:
                     same[i] = True
 
-        # 6. C3, late batch jobs
-        c3 = (all_p <= knobs.tau) & ~same
-        late = bool(not c3.any() and (~same).any() and not online)
-        eligible = (~same) if late else c3
+        # 6. C3, late batch jobs; a single-pool ladder larger than its whole pool can never run
+        # there (not even once every other job has left it): it is not an option, and it must not
+        # take a candidate slot or a reservation from a ladder that fits
+        fits = np.ones(F + H, dtype=bool)
+        if F:
+            fits[:F] = inst <= np.array([pl.total_instances for pl in rows_pool], dtype=float)
+        c3 = (all_p <= knobs.tau) & ~same & fits
+        late = bool(not c3.any() and (~same & fits).any() and not online)
+        eligible = (~same & fits) if late else c3
         kept_idx = self._prune_idx(np.flatnonzero(eligible), rows_pid, F, hetero, inst, sigma)
         kept = [make(i) for i in kept_idx]
         for c in kept:
@@ -846,7 +861,7 @@ class CandidateGenerator:
 
         def build_all() -> list[Candidate]:
             out = []
-            for i in np.flatnonzero(~same):
+            for i in np.flatnonzero(~same & fits):
                 c = make(int(i))
                 c.late = late
                 c.cand_id = f"{job.job_id}#{c.kind.value}:{_ladder_key(c.ranks)}"
@@ -870,8 +885,17 @@ class CandidateGenerator:
         )
 
     def _hetero(self, rows_p: list[int], rows_pool: list[Pool], rows_pid: list[str], protos: list[_Proto], y: np.ndarray,
-                p_brk: np.ndarray, weights: np.ndarray, online: bool, row_spec) -> list[tuple[RankSpec, ...]]:  # noqa: ANN001
-        """Fill the best pool's free capacity, put the remainder on the next-best chain in other pools."""
+                p_brk: np.ndarray, weights: np.ndarray, online: bool, row_spec,  # noqa: ANN001
+                whole_pools: bool = False) -> list[tuple[RankSpec, ...]]:
+        """Fill the best pool's free capacity, put the remainder on the next-best chain in other pools.
+
+        ``whole_pools``: fill pools up to their *total* instances instead. A pending job whose demand
+        no single pool can carry (qwen3-235b at 6 req/s on hetero-3h: one MI300X pool holds four TP4
+        replicas, a fifth is needed for the p99 TPOT) has no ladder that fits the fleet as it is *now*
+        when it arrives in a full fleet; over whole pools it gets split ladders the selector can make
+        room for with a reservation (selector, "Reservations") — C1 keeps them from being placed
+        before that room exists.
+        """
         e = self.ctx.enum
         F = len(rows_p)
         if e.hetero_top <= 0 or e.max_ranks < 2 or F == 0:
@@ -881,22 +905,47 @@ class CandidateGenerator:
         score = tchebycheff(y, weights, z, rng, self.ctx.knobs.rho) - self.ctx.knobs.gamma * p_brk
         score = np.where(p_brk <= self.ctx.knobs.tau, score, -np.inf)
         order = [int(i) for i in np.lexsort((np.arange(F), -score)) if np.isfinite(score[i])]
+        free = {pid: (p.total_instances if whole_pools else p.free_instances) for pid, p in self.pools.by_id.items()}
+
+        def fit_in(i: int, n: int) -> int:  # replicas of row i's chain that fit in what its pool has left
+            pk, gpi = protos[rows_p[i]], rows_pool[i].gpus_per_instance
+            while n > 0 and instances_for(pk.config.gpus, n, gpi) > free.get(rows_pid[i], 0):
+                n -= 1
+            return n
+
+        def density(i: int) -> float:  # capacity per instance of row i's chain
+            pk = protos[rows_p[i]]
+            return (pk.est.cap_tps if online else pk.est.sat_tps) * pk.n / max(pk.instances, 1)
+
         seen: set[tuple[str, ChainConfig]] = set()
-        firsts = []  # the first rank: the best rows, one per (pool, config)
+        firsts = []  # the first rank: the best rows whose pool is short, one per (pool, config)
         fillers: dict[str, int] = {}  # the remainder: the best row of every pool
         for i in order:
             k = (rows_pid[i], protos[rows_p[i]].config)
-            if k not in seen and len(firsts) < e.hetero_top:
+            n = protos[rows_p[i]].n
+            # a first rank must carry its share of the ladder (≥ 1/max_ranks of it), or no split of
+            # at most max_ranks ranks can cover the rest
+            if (k not in seen and protos[rows_p[i]].instances > free.get(rows_pid[i], 0)
+                    and fit_in(i, n) * e.max_ranks >= n):
                 seen.add(k)
                 firsts.append(i)
-            fillers.setdefault(rows_pid[i], i)
-        filler_rows = list(fillers.values())  # insertion order is score order
-        free = {pid: p.free_instances for pid, p in self.pools.by_id.items()}
+            if whole_pools:  # covering a remainder: the chain that carries most per instance
+                j = fillers.get(rows_pid[i])
+                if j is None or density(i) > density(j) + 1e-9:
+                    fillers[rows_pid[i]] = i
+            else:
+                fillers.setdefault(rows_pid[i], i)
+        # free capacity: the best pools first (score order); whole pools: the densest first, so the
+        # remainder lands on as few instances (and ranks) as possible
+        pos = {i: n for n, i in enumerate(order)}
+        filler_rows = sorted(fillers.values(), key=(lambda i: (-density(i), pos[i])) if whole_pools else pos.__getitem__)
         out: dict[str, tuple[RankSpec, ...]] = {}
-        for i in firsts:
+        # the best ``hetero_top`` split ladders that cover the demand, from at most 4× as many tries
+        # (a first rank whose remainder needs more than ``max_ranks`` pools yields none)
+        for i in firsts[:4 * e.hetero_top]:
+            if len(out) >= e.hetero_top:
+                break
             p0 = protos[rows_p[i]]
-            if p0.instances <= free.get(rows_pid[i], 0):
-                continue  # this pool is not short
             need = p0.n * (p0.est.cap_tps if online else p0.est.sat_tps)
             ranks: list[RankSpec] = []
             left = dict(free)

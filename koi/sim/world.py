@@ -21,8 +21,10 @@ Semantics chosen where the issue is vague (each also in SCENARIO.md):
 - **front end**: every request reaches its engine's scheduler koi/perf's fitted
   ``request_s`` after it arrives (HTTP, tokenisation); TTFT counts from arrival.
 - **routing**: online requests go to serving replicas of the job's non-draining ranks
-  by smooth weighted round-robin, weights ∝ a replica's nominal decode capacity
-  (its rank's 64-sequence iteration rate); no serving replica → they wait at the
+  by smooth weighted round-robin, weights ∝ the planner's per-replica weight
+  (``Rank.route_weight``, its SLO capacity) when every serving rank of the job carries
+  one, else ∝ a replica's nominal decode capacity (its rank's 64-sequence iteration
+  rate); a slowed replica's weight is divided by its slowdown; no serving replica → they wait at the
   gateway up to ``gateway_timeout_s`` (then ``DROPPED``). Batch requests stay in the
   job's queue and are handed to replicas as their queues run short (load-aware).
 - **failure of a replica** (spot reclaim, node failure, end of drain): requests that
@@ -992,10 +994,14 @@ class World:
                 rep = self.replicas[i]
                 if rep.state == "serving":
                     for e in rep.engines:
-                        caps.setdefault(rk.job_idx, []).append((e, rk.nominal / rep.static_speed))
+                        caps.setdefault(rk.job_idx, []).append(
+                            (e, rk.nominal / rep.static_speed, rk.rank.route_weight, rep.static_speed))
         for jr in self.jobs:
             slots: list[tuple[float, int]] = []
-            entries = caps.get(jr.idx, [])
+            raw = caps.get(jr.idx, [])
+            # the planner's weights when every serving rank carries one (one unit system), else nominal
+            planned = bool(raw) and all(w is not None for _, _, w, _ in raw)
+            entries = [(e, (w / sp) if planned else c) for e, c, w, sp in raw]
             if entries:
                 lo = min(c for _, c in entries)
                 for e, c in entries:

@@ -3,7 +3,7 @@
 What the planner calls (a :class:`Surrogate` holds the learned state; the module-level
 functions use a default one with nothing learned)::
 
-    s = Surrogate.from_records(perf_records)          # residuals + measured profiles (PerfDB)
+    s = Surrogate.from_records(perf_records)          # residual corrections learned from PerfDB
     s.predict_rank(job, rank, offered_rps=None, price_per_gpu_hour=None) -> RankPrediction
     s.predict_ladder(job, ladder, prices=None, offered_rps=None)        -> LadderPrediction
     s.rank_capacity(job, chain)                        -> Capacity  (one replica: req/s, tok/s)
