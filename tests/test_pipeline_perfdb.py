@@ -48,3 +48,18 @@ def test_record_perf_can_be_switched_off(engine):
     run_ticks(rt, CLUSTER, 3, jobs=[j.job for j in load_scenario("demo").jobs])
     with session_scope(engine) as s:
         assert query_perf(s, cluster_id=CLUSTER) == []
+
+
+@pytest.mark.parametrize(("queue", "batch", "seqs", "expected"), [
+    (0.1, 32.2, 64, False),    # a healthy chat rank (hetero-3h, chat-70b on H200)
+    (15.6, 24.0, 256, False),  # a short queue behind a KV-limited batch well below max_num_seqs
+    (1.0, 80.3, 256, False),   # a one-request queue, batch far from full
+    (8.4, 61.8, 64, True),     # a queue behind a full batch: arrivals outrun the engine
+    (46.7, 74.0, 256, False),  # 46.7 < 64 waiting and the batch not full: not yet
+    (64.0, 10.0, 256, True),   # exactly a quarter of max_num_seqs waiting
+    (112.3, 74.7, 256, True),  # a queue of a quarter of max_num_seqs or more
+])
+def test_an_overloaded_window_is_recognised(queue, batch, seqs, expected):
+    from koi.evidence.perfdb import overloaded
+
+    assert overloaded({"queue_depth": queue, "live_batch_size": batch}, seqs) is expected

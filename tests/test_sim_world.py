@@ -278,3 +278,31 @@ def test_a_job_registered_late_starts_its_traffic_now():
     assert len(rec) > 50 and rec["arrival"].min() >= 100.0
     with pytest.raises(ValueError, match="already in the world"):
         w.submit(Job.model_validate(chat_job("late")))
+
+
+def _requests_per_rank(world: World, job_id: str, t0: float) -> dict[int, int]:
+    rec = world.records()
+    r = rec[(rec["job"] == world.job_index[job_id]) & (rec["arrival"] >= t0) & (rec["rank"] >= 0)]
+    ranks, counts = np.unique(r["rank"], return_counts=True)
+    return dict(zip(ranks.tolist(), counts.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("weights", [None, (3.0, 1.0), (1.0, 3.0)])
+def test_the_gateway_shares_a_split_ladder_by_the_planners_weights(weights):
+    """Two one-replica ranks of one job on different GPUs: with no weights the gateway weighs them
+    by nominal decode capacity; when both carry ``route_weight`` it follows those (3:1 and 1:3)."""
+    w = World(tiny_scenario(jobs=[chat_job(rate=4.0)]))
+    a, b = rank_on(w, "h100"), rank_on(w, "l40s", tp=1)
+    if weights is not None:
+        a, b = a.model_copy(update={"route_weight": weights[0]}), b.model_copy(update={"route_weight": weights[1]})
+    ra = w.launch(job(w, "chat"), a, "k-a")
+    rb = w.launch(job(w, "chat"), b, "k-b")
+    assert ra.status is LaunchStatus.LAUNCHED and rb.status is LaunchStatus.LAUNCHED
+    w.advance(600)
+    got = _requests_per_rank(w, "chat", 300.0)
+    ia, ib = (w.live_rank[ra.rank_id], w.live_rank[rb.rank_id])
+    share_a = got.get(ia, 0) / max(got.get(ia, 0) + got.get(ib, 0), 1)
+    if weights is None:
+        assert share_a > 0.6  # the H100 replica decodes several times faster than the L40S one
+    else:
+        assert share_a == pytest.approx(weights[0] / sum(weights), abs=0.06)

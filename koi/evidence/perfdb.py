@@ -14,6 +14,18 @@ the physics for that record (``koi.surrogate.residual.physics_curves``), so the 
 compares like with like. A window without output (throughput 0) or without a finished request
 (p99 TPOT 0) carries no speed evidence and is skipped. Records are keyed by (cluster, tick,
 rank), so writing a tick twice changes nothing.
+
+Choice: an online rank that was *overloaded* in the window (:func:`overloaded`: its engines'
+waiting queue at least a quarter of ``max_num_seqs``, or any queue behind a full batch) gives
+no record. Offered more than it can serve, it has no steady state: its p99 TTFT grows with the
+time the overload has lasted and its TPOT with the preemption storms of a full KV pool, not
+with the chain. Inverted, such windows read as a GPU three times slower and a job whose TTFT
+is three times the physics' (the clip), and those effects follow the GPU and the job to every
+other chain. Measured on hetero-3h (Koi, seed 2): a split ladder that lost a spot node to a
+reclaim overloaded its other rank; its windows taught the learner that every ladder of that
+job breaches, and the job kept the overloaded ladder for the rest of the run (15% of its
+requests on time). The planner sees such a rank through its degraded replicas and the demand it
+cannot carry, not through PerfDB. Batch ranks run saturated by design and are kept.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from koi import variables
-from koi.domain import ClusterSnapshot, Deployment, JobState, TelemetryWindow
+from koi.domain import ClusterSnapshot, Deployment, JobClass, JobState, TelemetryWindow
 
 #: Full windows a rank must have served before its window becomes a record (:func:`served_windows`).
 SETTLED_WINDOWS = 2
@@ -105,6 +117,19 @@ def window_means(w: TelemetryWindow) -> tuple[dict[str, float], dict[str, float]
 
 
 
+#: An online rank's window is overloaded when its engines' mean waiting queue is at least this
+#: share of ``max_num_seqs`` (or a queue of at least one behind a batch ≥ FULL_BATCH of it).
+OVERLOAD_QUEUE_SHARE = 0.25
+FULL_BATCH = 0.9
+
+
+def overloaded(observed_v: dict[str, float], max_num_seqs: int) -> bool:
+    """Was a rank's window past its steady state (module docstring)? Per-engine means."""
+    q = observed_v.get("queue_depth", 0.0)
+    b = observed_v.get("live_batch_size", 0.0)
+    return q >= max(4.0, OVERLOAD_QUEUE_SHARE * max_num_seqs) or (q >= 1.0 and b >= FULL_BATCH * max_num_seqs)
+
+
 def _tick_recorded(session: Any, cluster_id: str, tick: int) -> bool:
     from koi.store import query_perf
 
@@ -124,6 +149,8 @@ def build_records(session: Any, cluster_id: str, tick: int, snapshot: ClusterSna
         tpot = oy.get("p99_tpot_ms", 0.0)
         job = sv.job.job
         if thr <= 0 or tpot <= 0 or sv.replicas < 1:
+            continue
+        if job.job_class is JobClass.ONLINE and overloaded(ov, sv.deployment.rank.config.max_num_seqs):
             continue
         rank = sv.deployment.rank.model_copy(update={"n_replicas": sv.replicas})
         lam = thr / max(float(job.workload.osl), 1.0)

@@ -1,0 +1,79 @@
+"""Split ladders for a job no single pool can carry, and ladders that can never fit their pool."""
+
+from __future__ import annotations
+
+from koi.domain import Ladder, Rank
+from koi.planning.candidates import generate
+from koi.planning.context import PlanningContext
+from koi.planning.predictor import FixedPredictor, FixedRow
+from koi.planning.synthetic import online_job, pool, snapshot, with_running
+
+MODEL = "llama-3.1-70b"
+ROWS = {
+    (MODEL, "H100"): FixedRow(sat_tps=2000, ttft_ms=300, tpot_ms=30, min_gpus=8),  # one node: 1,600 tok/s at the cap
+    (MODEL, "A100-80GB"): FixedRow(sat_tps=1000, ttft_ms=400, tpot_ms=40, min_gpus=8),  # 800 tok/s at the cap
+}
+
+
+def _pools(free: int | None = None):
+    return [pool("aws", "p5.48xlarge", "us-east-1", total=1, free=free),
+            pool("aws", "p4de.24xlarge", "us-east-1", total=1, free=free)]
+
+
+def _big(rate: float = 1800 / 256):
+    return online_job("big", MODEL, rate=rate, ttft_ms=2000, tpot_ms=80)
+
+
+def _ranks(c) -> list[tuple[str, int]]:
+    return sorted((r.env.gpu_type, r.n) for r in c.ranks)
+
+
+def test_a_ladder_larger_than_its_whole_pool_is_not_an_option():
+    snap = snapshot([_big()], _pools())
+    jc = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS)))["big"]
+    # 1,800 tok/s needs two H100 nodes or three A100 nodes; each pool has one
+    for c in jc.candidates + jc.all_scored:
+        for r in c.ranks:
+            assert r.instances <= 1, f"{c.cand_id} needs {r.instances} instances of a one-instance pool"
+    assert [("A100-80GB", 1), ("H100", 1)] in [_ranks(c) for c in jc.candidates]
+
+
+def test_a_pending_job_in_a_full_fleet_gets_split_ladders_over_whole_pools():
+    """Another job holds both nodes: nothing is free, yet the pending job must see the ladder a
+    reservation could make room for (C1 keeps it from being placed before then)."""
+    base = snapshot([_big(), online_job("small", MODEL, rate=1.0, ttft_ms=2000, tpot_ms=80)], _pools())
+    h100, a100 = base.resources.pools
+    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1),
+                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
+    snap = with_running(base, {"small": running})
+    assert all(p.free_instances == 0 for p in snap.resources.pools)
+    jcs = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS)))
+    assert [("A100-80GB", 1), ("H100", 1)] in [_ranks(c) for c in jcs["big"].candidates]
+    # an active job's split ladders stay within the free capacity plus the instances it holds
+    for c in jcs["small"].candidates:
+        if len(c.ranks) > 1:
+            assert all(r.instances <= 1 for r in c.ranks)
+
+
+def test_split_ladder_ranks_carry_the_share_the_planner_assumed():
+    snap = snapshot([_big()], _pools())
+    jc = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS)))["big"]
+    split = next(c for c in jc.candidates if len(c.ranks) == 2)
+    w = {r.env.gpu_type: r.route_weight for r in split.ladder().ranks}
+    assert w["H100"] / w["A100-80GB"] == 2.0  # 1,600 : 800 tok/s of SLO capacity per replica
+    assert split.ladder().key == Ladder(ranks=[r.model_copy(update={"route_weight": None})
+                                               for r in split.ladder().ranks]).key
+
+
+def test_a_split_ladder_that_lost_a_node_can_be_rebuilt_on_its_own_nodes_plus_a_returned_one():
+    """The running ladder holds one H100 node (the other was reclaimed and has returned: free) and
+    one A100 node. Rebuilding the full ladder needs the instances it holds plus the free one."""
+    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=2), pool("aws", "p4de.24xlarge", "us-east-1", total=1)]
+    base = snapshot([_big(rate=3600 / 256)], pools)
+    h100, a100 = base.resources.pools
+    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1),
+                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
+    snap = with_running(base, {"big": running})
+    assert [p.free_instances for p in snap.resources.pools] == [1, 0]
+    jc = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS)))["big"]
+    assert [("A100-80GB", 1), ("H100", 2)] in [_ranks(c) for c in jc.candidates]
