@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
@@ -58,9 +58,10 @@ from koi.domain.hardware import Environment
 from koi.domain.job import JobState, JobStatus
 from koi.domain.model import ModelArch
 from koi.planning.budget import BudgetSlice
-from koi.planning.capacity import PoolIndex, instances_for
+from koi.planning.capacity import PoolIndex, instances_for, size_online
 from koi.planning.context import PRESETS, PlanningContext
 from koi.planning.predictor import ChainEstimate
+from koi.planning.split import SplitRows, ladder_key, split_ladders
 from koi.scoring.exploration import EMPTY, Activation
 from koi.scoring.risk import breach_probability, combine
 from koi.scoring.switching import SwitchItem, switch_cost_items
@@ -255,13 +256,6 @@ def demand_tps(js: JobState, now: float, tick_s: float, startup_s: float = 0.0) 
     if left < tick_s:  # past (or at) the deadline: finish within one tick
         left = tick_s
     return rem / left
-
-
-def size_online(rate_rps: float, cap_rps: float) -> int:
-    """n_min = ⌈λ / capacity per replica⌉ (0 capacity → 0: the chain is rejected)."""
-    if cap_rps <= 0:
-        return 0
-    return max(1, math.ceil(rate_rps / cap_rps - 1e-9))
 
 
 def batch_curve(required_tps: float, tps_per_replica: float, slack: float, fast_factor: float) -> list[int]:
@@ -764,12 +758,12 @@ class CandidateGenerator:
         own: dict[str, int] = defaultdict(int)  # an active job's split ladders may reuse its own instances
         for r in current or ():
             own[r.pool_id] += r.instances
-        hetero = self._hetero(rows_p, rows_pool, rows_pid, protos, y, p_brk, weights, online, row_spec, lam=lam,
-                              own=own)
+        rows = SplitRows(rows_p, rows_pool, rows_pid, protos, y, p_brk, row_spec)
+        hetero = split_ladders(rows, ctx, self.pools.by_id, weights=weights, online=online, lam=lam, own=own)
         if js.status is JobStatus.PENDING:  # and over whole pools: what a reservation can make room for
             seen_keys = {_ladder_key(h) for h in hetero}
-            hetero += [h for h in self._hetero(rows_p, rows_pool, rows_pid, protos, y, p_brk, weights, online,
-                                               row_spec, whole_pools=True, lam=lam)
+            hetero += [h for h in split_ladders(rows, ctx, self.pools.by_id, weights=weights, online=online,
+                                                lam=lam, whole_pools=True)
                        if _ladder_key(h) not in seen_keys]
         if hetero:
             hev = evaluate_ladders(js, hetero, ctx, now, np.array([max(r.cold_s for r in h) for h in hetero]))
@@ -890,133 +884,6 @@ class CandidateGenerator:
             infeasible_reasons=reasons, late=late, scored_builder=build_all,
         )
 
-    def _hetero(self, rows_p: list[int], rows_pool: list[Pool], rows_pid: list[str], protos: list[_Proto], y: np.ndarray,
-                p_brk: np.ndarray, weights: np.ndarray, online: bool, row_spec,  # noqa: ANN001
-                whole_pools: bool = False, lam: float = 0.0,
-                own: Mapping[str, int] | None = None) -> list[tuple[RankSpec, ...]]:
-        """Fill the best pool's free capacity, put the remainder on the next-best chain in other pools.
-
-        The ladder carries what its first prototype would: its headroom size (more replicas than
-        the minimum, for risk) carries that many replicas' capacity; its minimum size carries the
-        online demand ``lam`` (req/s) itself — that size was only rounded up to whole replicas of
-        its own chain, which the other ranks need not repeat.
-
-        ``own``: instances the job's running ladder holds per pool, free for its own swap (the
-        selector counts a swap's usage net of the ladder it replaces): a split ladder that lost a
-        spot node can be rebuilt on its remaining nodes plus the returned one.
-
-        ``whole_pools``: fill pools up to their *total* instances instead. A pending job whose demand
-        no single pool can carry (qwen3-235b at 6 req/s on hetero-3h: one MI300X pool holds four TP4
-        replicas, a fifth is needed for the p99 TPOT) has no ladder that fits the fleet as it is *now*
-        when it arrives in a full fleet; over whole pools it gets split ladders the selector can make
-        room for with a reservation (selector, "Reservations") — C1 keeps them from being placed
-        before that room exists.
-        """
-        e = self.ctx.enum
-        F = len(rows_p)
-        if e.hetero_top <= 0 or e.max_ranks < 2 or F == 0:
-            return []
-        # a ladder over whole pools has at most two ranks: every rank is a pool other jobs may have
-        # to leave, and a rank that loses a node overloads the others (a reclaimed spot node of a
-        # three-pool ladder left qwen3-235b at 15% on time on hetero-3h)
-        max_ranks = min(e.max_ranks, 2) if whole_pools else e.max_ranks
-        ref = reference_point(y)
-        z, rng = ref.arrays()
-        score = tchebycheff(y, weights, z, rng, self.ctx.knobs.rho) - self.ctx.knobs.gamma * p_brk
-        score = np.where(p_brk <= self.ctx.knobs.tau, score, -np.inf)
-        # every row, best first (rows over τ last): a filler carries part of the load only, so a
-        # chain too small to carry the whole job within τ may still fill; first ranks need τ
-        ranked = [int(i) for i in np.lexsort((np.arange(F), -np.nan_to_num(score, neginf=-1e300)))]
-        own = own or {}
-        free = {pid: (p.total_instances if whole_pools else p.free_instances + own.get(pid, 0))
-                for pid, p in self.pools.by_id.items()}
-
-        def fit_in(i: int, n: int) -> int:  # replicas of row i's chain that fit in what its pool has left
-            pk, gpi = protos[rows_p[i]], rows_pool[i].gpus_per_instance
-            while n > 0 and instances_for(pk.config.gpus, n, gpi) > free.get(rows_pid[i], 0):
-                n -= 1
-            return n
-
-        def density(i: int) -> float:  # capacity per instance of row i's chain
-            pk = protos[rows_p[i]]
-            return (pk.est.cap_tps if online else pk.est.sat_tps) * pk.n / max(pk.instances, 1)
-
-        seen: set[tuple[str, ChainConfig]] = set()
-        firsts = []  # the first rank: the best rows whose pool is short, one per (pool, config)
-        fillers: dict[str, int] = {}  # the remainder: the best row of every pool
-        for i in ranked:
-            k = (rows_pid[i], protos[rows_p[i]].config)
-            n = protos[rows_p[i]].n
-            first_ok = bool(np.isfinite(score[i]))
-            # a first rank must carry its share of the ladder (≥ 1/max_ranks of it), or no split of
-            # at most max_ranks ranks can cover the rest
-            if (first_ok and k not in seen and protos[rows_p[i]].instances > free.get(rows_pid[i], 0)
-                    and fit_in(i, n) * max_ranks >= n):
-                seen.add(k)
-                firsts.append(i)
-            if whole_pools:  # covering a remainder: the chain that carries most per instance
-                j = fillers.get(rows_pid[i])
-                if j is None or density(i) > density(j) + 1e-9:
-                    fillers[rows_pid[i]] = i
-            else:
-                fillers.setdefault(rows_pid[i], i)
-        # free capacity: the best pools first (score order); whole pools: the densest first, so the
-        # remainder lands on as few instances (and ranks) as possible
-        pos = {i: n for n, i in enumerate(ranked)}
-        filler_rows = sorted(fillers.values(), key=(lambda i: (-density(i), pos[i])) if whole_pools else pos.__getitem__)
-        def build(i: int, fill: list[int]) -> tuple[RankSpec, ...] | None:
-            p0 = protos[rows_p[i]]
-            need = p0.n * (p0.est.cap_tps if online else p0.est.sat_tps)
-            if online and lam > 0 and p0.n == size_online(lam, p0.est.cap_rps):
-                need = min(need, lam * p0.est.cap_tps / max(p0.est.cap_rps, 1e-12))
-            ranks: list[RankSpec] = []
-            left = dict(free)
-            used: set[str] = set()
-            for k in [i, *fill]:
-                if need <= 1e-9 or len(ranks) >= max_ranks:
-                    break
-                pool, pid, pk = rows_pool[k], rows_pid[k], protos[rows_p[k]]
-                if pid in used or left.get(pid, 0) <= 0:
-                    continue
-                rate = pk.est.cap_tps if online else pk.est.sat_tps
-                if rate <= 0:
-                    continue
-                fit = math.ceil(need / rate - 1e-9)
-                while fit > 0 and instances_for(pk.config.gpus, fit, pool.gpus_per_instance) > left[pid]:
-                    fit -= 1
-                if fit <= 0:
-                    continue
-                spec = row_spec(k).with_n(fit)
-                ranks.append(spec)
-                used.add(pid)
-                left[pid] -= spec.instances
-                need -= fit * rate
-            return tuple(ranks) if len(ranks) >= 2 and need <= 1e-9 else None
-
-        out: dict[str, tuple[RankSpec, ...]] = {}
-        if not whole_pools:
-            # the best ``hetero_top`` split ladders that cover the demand, from at most 4× as many
-            # tries (a first rank whose remainder needs more than ``max_ranks`` pools yields none)
-            for i in firsts[:4 * e.hetero_top]:
-                if len(out) >= e.hetero_top:
-                    break
-                lad = build(i, filler_rows)
-                if lad is not None:
-                    out.setdefault(_ladder_key(lad), lad)
-            return [out[k] for k in sorted(out)]
-        # whole pools: ladders a reservation must make room for, so the smallest footprints win; each
-        # first rank is tried with every pool as its first filler (the rest densest first), since the
-        # densest remainder pool may be the one every other job needs
-        for i in firsts[:4 * e.hetero_top]:
-            for j in range(len(filler_rows)):
-                lad = build(i, [filler_rows[j], *filler_rows[:j], *filler_rows[j + 1:]])
-                # one that fits the free instances now is the free-capacity pass's business
-                if lad is not None and any(r.instances > self.pools.by_id[r.pool_id].free_instances for r in lad):
-                    out.setdefault(_ladder_key(lad), lad)
-        # (3 × hetero_top of them: the tightest may fail C3 once evaluated)
-        best = sorted(out, key=lambda k: (sum(r.instances * r.gpus_per_instance for r in out[k]), k))
-        return [out[k] for k in sorted(best[:3 * e.hetero_top])]
-
     def _prune_idx(self, idx: np.ndarray, rows_pid: list[str], F: int, hetero: list[tuple[RankSpec, ...]],
                    inst: np.ndarray, sigma: np.ndarray) -> list[int]:
         """Per pool, drop candidates that use at least as many instances for no better σ (dominated: in
@@ -1075,8 +942,7 @@ class CandidateGenerator:
         return sorted(chosen, key=lambda i: (-sigma[i], i))
 
 
-def _ladder_key(ranks: Sequence[RankSpec]) -> str:
-    return "+".join(sorted(f"{r.key}x{r.n}" for r in ranks))
+_ladder_key = ladder_key
 
 
 def generate(snapshot: ClusterSnapshot, ctx: PlanningContext, book=None) -> dict[str, JobCandidates]:  # noqa: ANN001

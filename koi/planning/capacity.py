@@ -106,3 +106,10 @@ def gpus_by_type(ladder: Ladder | None) -> dict[str, int]:
 def add_usage(total: dict[str, int], usage: Iterable[tuple[str, int]], sign: int = 1) -> None:
     for pid, k in usage:
         total[pid] = total.get(pid, 0) + sign * k
+
+
+def size_online(rate_rps: float, cap_rps: float) -> int:
+    """n_min = ⌈λ / capacity per replica⌉ (0 capacity → 0: the chain is rejected)."""
+    if cap_rps <= 0:
+        return 0
+    return max(1, math.ceil(rate_rps / cap_rps - 1e-9))
