@@ -603,10 +603,10 @@ class ToolBackend:
         from koi.planning.candidates import (
             Candidate,
             OptionKind,
-            _ladder_key,
             evaluate_ladders,
             switch_costs,
         )
+        from koi.planning.split import ladder_key as specs_key
         from koi.planning.validate import ladder_key
         from koi.scoring.tchebycheff import reference_point, tchebycheff
 
@@ -615,7 +615,7 @@ class ToolBackend:
             js = jc.state
             key = ladder_key(ladder)
             for c in [*jc.all_scored, *( [jc.keep] if jc.keep is not None else [])]:
-                if c.ranks and _ladder_key(c.ranks) == key:
+                if c.ranks and specs_key(c.ranks) == key:
                     if c.activation is None or (not c.activation.edges and not c.activation.mechanisms):
                         model = catalog.model(js.job.model)
                         c.activation = self.gen.activation(js, c.ranks, model)
@@ -629,7 +629,7 @@ class ToolBackend:
             if unknown:
                 raise ToolError(f"ranks on pools not in the resource map: {unknown} (check env and instance_type)")
             current = self.gen.current_specs(js, catalog.model(js.job.model)) if js.status is JobStatus.ACTIVE else None
-            same = current is not None and _ladder_key(current) == _ladder_key(specs)
+            same = current is not None and specs_key(current) == specs_key(specs)
             cold = 0.0 if same else max(r.cold_s for r in specs)
             ev = evaluate_ladders(js, [specs], self.ctx, self.snapshot.now, cold)
             y = ev.y
@@ -648,7 +648,7 @@ class ToolBackend:
                              float(ev.served_tps[0]), float(jc.demand_tps), float(ev.capacity_tps[0]),
                              c3_ok=p <= k.tau or jc.late, late=jc.late, eig=eig, activation=act,
                              mechanism_id=self.ctx.exploration.best_mechanism(act),
-                             cand_id=f"{job_id}#rlm:{_ladder_key(specs)}")
+                             cand_id=f"{job_id}#rlm:{specs_key(specs)}")
             return self._from_candidate(cand, ladder)
 
     def _from_candidate(self, c: Any, ladder: Ladder) -> LadderScore:

@@ -32,10 +32,11 @@ from koi.domain.common import JobClass
 from koi.domain.job import JobState, JobStatus
 from koi.domain.plan import Plan
 from koi.planning.budget import BudgetBook, build_budget_book, quota_limits
-from koi.planning.candidates import Candidate, CandidateGenerator, JobCandidates, OptionKind, _ladder_key
+from koi.planning.candidates import Candidate, CandidateGenerator, JobCandidates, OptionKind
 from koi.planning.capacity import swap_delta
 from koi.planning.context import PlanningContext
 from koi.planning.proposer import action_for, complete_plan
+from koi.planning.split import ladder_key
 
 
 @dataclass
@@ -154,7 +155,7 @@ def _feasible(jc: JobCandidates) -> list[Candidate]:
 
 
 def _first_fit(jc: JobCandidates, ledger: _Ledger) -> Candidate | None:
-    for c in sorted(_feasible(jc), key=lambda c: (c.y[0], _ladder_key(c.ranks))):
+    for c in sorted(_feasible(jc), key=lambda c: (c.y[0], ladder_key(c.ranks))):
         if ledger.fits(jc.state.job.tenant, c, None):
             return c
     return None

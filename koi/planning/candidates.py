@@ -761,10 +761,10 @@ class CandidateGenerator:
         rows = SplitRows(rows_p, rows_pool, rows_pid, protos, y, p_brk, row_spec)
         hetero = split_ladders(rows, ctx, self.pools.by_id, weights=weights, online=online, lam=lam, own=own)
         if js.status is JobStatus.PENDING:  # and over whole pools: what a reservation can make room for
-            seen_keys = {_ladder_key(h) for h in hetero}
+            seen_keys = {ladder_key(h) for h in hetero}
             hetero += [h for h in split_ladders(rows, ctx, self.pools.by_id, weights=weights, online=online,
                                                 lam=lam, whole_pools=True)
-                       if _ladder_key(h) not in seen_keys]
+                       if ladder_key(h) not in seen_keys]
         if hetero:
             hev = evaluate_ladders(js, hetero, ctx, now, np.array([max(r.cold_s for r in h) for h in hetero]))
         H = len(hetero)
@@ -812,13 +812,13 @@ class CandidateGenerator:
         # the running ladder itself is the keep option, not a candidate
         same = np.zeros(F + H, dtype=bool)
         if current:
-            cur_key = _ladder_key(current)
+            cur_key = ladder_key(current)
             cur_pools = {r.pool_id for r in current}
             for i in range(F + H):
                 if i < F and not (proto_cur[rows_p[i]] and len(current) == 1):
                     continue
                 pools_i = {rows_pid[i]} if i < F else {r.pool_id for r in hetero[i - F]}
-                if pools_i <= cur_pools and _ladder_key(ranks_of(i)) == cur_key:
+                if pools_i <= cur_pools and ladder_key(ranks_of(i)) == cur_key:
                     same[i] = True
 
         # 6. C3, late batch jobs; a single-pool ladder larger than its whole pool can never run
@@ -857,14 +857,14 @@ class CandidateGenerator:
             c.eig = ctx.exploration.eig(c.activation)
             c.mechanism_id = ctx.exploration.best_mechanism(c.activation)
         for c in [*kept, *(x for x in (keep_c, defer_c) if x is not None)]:
-            c.cand_id = f"{job.job_id}#{c.kind.value}:{_ladder_key(c.ranks) if c.ranks else '-'}"
+            c.cand_id = f"{job.job_id}#{c.kind.value}:{ladder_key(c.ranks) if c.ranks else '-'}"
 
         def build_all() -> list[Candidate]:
             out = []
             for i in np.flatnonzero(~same & fits):
                 c = make(int(i))
                 c.late = late
-                c.cand_id = f"{job.job_id}#{c.kind.value}:{_ladder_key(c.ranks)}"
+                c.cand_id = f"{job.job_id}#{c.kind.value}:{ladder_key(c.ranks)}"
                 out.append(c)
             return out
 
@@ -942,7 +942,6 @@ class CandidateGenerator:
         return sorted(chosen, key=lambda i: (-sigma[i], i))
 
 
-_ladder_key = ladder_key
 
 
 def generate(snapshot: ClusterSnapshot, ctx: PlanningContext, book=None) -> dict[str, JobCandidates]:  # noqa: ANN001

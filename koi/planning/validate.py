@@ -61,7 +61,6 @@ from koi.planning.candidates import (
     CandidateGenerator,
     JobCandidates,
     OptionKind,
-    _ladder_key,
     chain_key,
     evaluate_ladders,
 )
@@ -69,6 +68,7 @@ from koi.planning.capacity import PoolIndex, gpus_by_type, swap_delta
 from koi.planning.context import PlanningContext
 from koi.planning.diagnostics import Constraint, Diagnostic
 from koi.planning.proposer import action_for, complete_plan, keep_all
+from koi.planning.split import ladder_key as specs_key
 
 log = get_logger(__name__)
 
@@ -235,11 +235,11 @@ class _Checker:
         if jc is None:
             return None
         for c in jc.candidates:
-            if _ladder_key(c.ranks) == key:
+            if specs_key(c.ranks) == key:
                 return c
         if deep:
             for c in jc.all_scored:
-                if _ladder_key(c.ranks) == key:
+                if specs_key(c.ranks) == key:
                     return c
         return None
 

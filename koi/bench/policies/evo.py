@@ -42,9 +42,9 @@ import numpy as np
 from koi.bench.policies._common import PolicyProposer, baseline_context, job_candidates, options_of
 from koi.bench.policy import BenchContext, Family, PolicySpec, register
 from koi.domain import Plan
-from koi.planning.candidates import _ladder_key
 from koi.planning.proposer import action_for
 from koi.planning.selector import SelectionProblem, build_problem, problem_scale
+from koi.planning.split import ladder_key
 
 DEFAULTS: dict[str, Any] = {
     "population": 32, "generations": 60, "time_budget_s": 1.5, "tournament": 3, "crossover": 0.9, "elite": 2,
@@ -157,7 +157,7 @@ class RollingEvo(PolicyProposer):
             if want is None:
                 continue
             for k, o in enumerate(opts):
-                if o.cand.ranks and _ladder_key(o.cand.ranks) == want:
+                if o.cand.ranks and ladder_key(o.cand.ranks) == want:
                     g[i] = k
                     break
         return g
@@ -223,7 +223,7 @@ class RollingEvo(PolicyProposer):
         problem = build_problem(snap, cands, book, pctx.knobs, pctx.exploration)
         best = self.search(problem, self.rng(ctx), int(ctx.tick))
         choice = {jid: problem.options[i][int(k)].cand for i, (jid, k) in enumerate(zip(problem.job_ids, best, strict=True))}
-        self.prev_best = {jid: (_ladder_key(c.ranks) if c.ranks else None) for jid, c in choice.items()}
+        self.prev_best = {jid: (ladder_key(c.ranks) if c.ranks else None) for jid, c in choice.items()}
         actions = [action_for(snap, cands[jid], choice[jid], book) for jid in book.priority_table]
         tr = self.trace[int(ctx.tick)]
         why = (f"rolling evolutionary search: {tr.generations} generations × {self.cfg['population']} plans, "
