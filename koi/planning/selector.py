@@ -33,7 +33,8 @@ the kept ladder was producing anyway, a systematic bias toward churn. A defer ca
 **Reservations (two-tick lookahead).** Capacity a swap frees is free only once its A/B
 overlap ends, so a one-tick program can never move jobs off the only GPUs a pending job's
 ladders fit: it would pay the swaps now and see the gain never. A pending job therefore also
-has *reservation* options, one per its ``RESERVE_TOP`` best ladders: a defer now that holds
+has *reservation* options, one per its ``RESERVE_TOP`` best ladders and the best ladder of a few
+other footprints (sets of pools, fewest first): a defer now that holds
 that ladder's instances at the end of the tick, valued v_defer + ρ·(v_ladder − v_defer)
 (ρ = ``knobs.reserve_share``). They use no capacity now; a second row per pool holds the
 end-of-tick state, Σ a_ikp x_ik ≤ free_p with a = what an option holds once the overlaps end
@@ -216,15 +217,39 @@ def build_problem(
     )
 
 
-#: reservation options per pending job: its best ladders by value
+#: reservation options per pending job: its best ladders by value ...
 RESERVE_TOP = 3
+#: ... and up to this many more, the best ladder of each other set of pools, fewest pools first
+RESERVE_FOOTPRINTS = 3
+
+
+def _pools(o: Option) -> frozenset[str]:
+    return frozenset(k for k, v in o.cand.usage.items() if v > 0)
 
 
 def _reservations(jc: JobCandidates, opts: list[Option], share: float) -> list[Option]:
-    """A pending job's reservation options (module docstring, "Reservations")."""
+    """A pending job's reservation options (module docstring, "Reservations").
+
+    The best ladders by value often share one footprint (a split ladder over the same two
+    pools with different fillers), and freeing *that* footprint may be impossible this tick
+    while a smaller one is not: agent-235b's best three ladders all needed an MI300X pool and
+    an H200 or H100 one, while its MI300X-only ladder (a little less value) needed only the
+    pool one active job could move out of. So besides the ``RESERVE_TOP`` best, the best
+    ladder of each other set of pools is a reservation option, fewest pools first
+    (``RESERVE_FOOTPRINTS`` of them): the solver picks which room is cheapest to make.
+    """
     null = opts[0]
-    best = sorted((o for o in opts[1:] if o.cand.kind is OptionKind.PLACE and o.value > null.value),
-                  key=lambda o: (-o.value, o.cand.cand_id))[:RESERVE_TOP]  # fmt: skip
+    ranked = sorted((o for o in opts[1:] if o.cand.kind is OptionKind.PLACE and o.value > null.value),
+                    key=lambda o: (-o.value, o.cand.cand_id))  # fmt: skip
+    best = ranked[:RESERVE_TOP]
+    seen = {_pools(o) for o in best}
+    per_footprint: dict[frozenset[str], Option] = {}
+    for o in ranked[RESERVE_TOP:]:
+        fp = _pools(o)
+        if fp not in seen and fp not in per_footprint:
+            per_footprint[fp] = o
+    extra = sorted(per_footprint.values(), key=lambda o: (len(_pools(o)), -o.value, o.cand.cand_id))
+    best += extra[:RESERVE_FOOTPRINTS]
     out = []
     for o in best:
         cand = replace(jc.null, reserves=o.cand, cand_id=f"reserve:{o.cand.cand_id}")
