@@ -28,6 +28,12 @@ spec's scope GPU × family × TP/PP × shape, and the fine scope):
    prediction)`` — is learned the same way with twice the prior strength (clipped to
    ±log 3), and applied multiplicatively to the outputs.
 
+**Regime changes.** The fleet is not stationary (a driver rollout slows every H100 mid-run):
+after the first fit, each GPU type's and environment's speed residuals are tested for a step
+(:mod:`koi.surrogate.drift`, an offline CUSUM change point at the spec's 4σ); where one is
+found, that level's records before it are forgotten and the model is refitted, so the new
+speed is learned from the new regime alone instead of being averaged with an hour of the old.
+
 Levels never observed contribute 0 (factor 1), so a correction is not applied outside the
 GPU, environment or scope it was learned on (a new GPU gets none). Derived outcomes are not
 learned on their own: cost per token follows throughput, SLO margin is recomputed from the
@@ -55,6 +61,7 @@ import numpy as np
 
 from koi import variables
 from koi.logging import get_logger
+from koi.surrogate import drift
 from koi.surrogate.scope import EFFECTS, PRIOR_STRENGTH, Scope
 
 if TYPE_CHECKING:
@@ -102,6 +109,7 @@ class _Row:
     predicted: dict[str, float]
     observed: dict[str, float]
     curve: dict[str, np.ndarray]  # quantity -> value(f)/value(1) on SPEED_GRID
+    tick: int = 0
 
 
 @dataclass(frozen=True)
@@ -247,6 +255,9 @@ class ResidualModel:
     #: per record with a speed estimate: (model, GPU, engine, inverted speed) — the measured
     #: profiles of the nearest-architecture rule (``ProfileBook.from_residuals``)
     record_speeds: tuple[tuple[str, str, str, float], ...] = ()
+    #: "effect=level" -> first tick of its current regime: the records before it were forgotten
+    #: (:mod:`koi.surrogate.drift`)
+    regimes: dict[str, int] = field(default_factory=dict)
 
     # ---- fitting ----------------------------------------------------------------------------------
     @classmethod
@@ -285,7 +296,8 @@ class ResidualModel:
         rows = []
         for r, pred, cv in zip(kept, preds, raw, strict=True):
             curve = {q: c for q, c in ((q, _ratio_curve(v)) for q, v in cv.items()) if c is not None}
-            rows.append(_Row(r.config.engine_name, scope_of_record(r), pred, {**r.observed_v, **r.observed_y}, curve))
+            rows.append(_Row(r.config.engine_name, scope_of_record(r), pred, {**r.observed_v, **r.observed_y}, curve,
+                             int(r.tick)))
         return cls._fit_rows(rows, block=block)
 
     @staticmethod
@@ -330,12 +342,22 @@ class ResidualModel:
     def _fit_rows(cls, rows: list[_Row], *, block: int | None = None) -> ResidualModel:
         y_speed, ok = cls._speed_targets(rows)
         speed, effects = cls._fit_stage(rows, y_speed, ok)
+        regimes = _regimes(rows, y_speed, ok, speed)
+        if regimes:
+            keep = [not any(row.tick < start and row.scope.key(e) == level for (e, level), start in regimes.items())
+                    for row in rows]  # fmt: skip
+            log.info("residual_regime_change", forgotten=len(rows) - sum(keep),
+                     regimes={f"{e}={level}": start for (e, level), start in sorted(regimes.items())})
+            rows = [row for row, k in zip(rows, keep, strict=True) if k]
+            y_speed, ok = y_speed[keep], ok[keep]
+            speed, effects = cls._fit_stage(rows, y_speed, ok)
         history = _prequential(rows, y_speed, ok, block)
         speeds = tuple(
             (r.scope.model, r.scope.gpu_type, r.engine, float(math.exp(y)))
             for r, y, k in zip(rows, y_speed, ok, strict=True) if k
         )
-        return cls(speed_effects=speed, effects=effects, history=history, n_records=len(rows), record_speeds=speeds)
+        return cls(speed_effects=speed, effects=effects, history=history, n_records=len(rows), record_speeds=speeds,
+                   regimes={f"{e}={level}": start for (e, level), start in sorted(regimes.items())})
 
     # ---- applying -----------------------------------------------------------------------------------
     def speed(self, scope: Scope, skip: tuple[str, ...] = ()) -> float:
@@ -412,12 +434,25 @@ class ResidualModel:
         if self.speed_effects is not None:
             out["speed"] = {e: {k: round(math.exp(v), 4) for k, v in self.speed_effects.theta[e].items()}
                             for e in ("gpu", "env")}  # fmt: skip
+        if self.regimes:
+            out["regimes"] = dict(self.regimes)
         for q, (_scopes, r) in self.history.items():
             out["quantities"][q] = {
                 "n": len(r),
                 "median_abs_residual": float(np.median(np.abs(r))) if len(r) else None,
             }
         return out
+
+
+def _regimes(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray, speed: _Effects) -> dict[tuple[str, str], int]:
+    """Levels whose speed stepped (:func:`koi.surrogate.drift.regime_starts` on the fit's speed residuals)."""
+    sel = np.flatnonzero(ok)
+    if len(sel) == 0:
+        return {}
+    resid = np.array([y_speed[i] - speed.log_factor(rows[i].scope) for i in sel])
+    ticks = np.array([rows[i].tick for i in sel], dtype=np.int64)
+    levels = {e: [rows[i].scope.key(e) for i in sel] for e in drift.TESTED_EFFECTS}
+    return drift.regime_starts(ticks, resid, levels)
 
 
 def _prequential(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray, block: int | None
