@@ -173,3 +173,19 @@ def test_residual_history_moves_the_breach_probability() -> None:
     worse = [by_key[c.cand_id].p_brk - c.p_brk for c in cold.all_scored if c.cand_id in by_key]
     assert worse and min(worse) >= -1e-12 and max(worse) > 0.2
     assert all(c.y[2] * 1.4 <= 40 * 1.1 for c in warm.candidates)  # survivors keep room for the bias
+
+
+def test_the_keep_option_carries_the_running_ladders_observed_risk() -> None:
+    """A model that thinks the running ladder is fine does not outvote its own last window."""
+    p = pool("aws", "p5.48xlarge", "us-east-1", total=4)
+    snap = snapshot([online_job("o", "llama-3.1-8b", 5.0, 1500, 40)], [p])
+    running = Ladder(ranks=[Rank(env=p.env, config=ChainConfig(instance_type="p5.48xlarge", tp=8), n_replicas=3)])
+    snap = with_running(snap, {"o": running})
+    model = generate(snap, _ctx())["o"].keep
+    ctx = _ctx()
+    ctx.observed_risk = {"o": 0.6}
+    seen = generate(snap, ctx)["o"].keep
+    assert model.p_brk < 0.6 and seen.p_brk == pytest.approx(0.6)
+    assert seen.sigma == pytest.approx(model.sigma - ctx.knobs.gamma * (0.6 - model.p_brk))
+    ctx.observed_risk = {"o": 0.0}  # a healthy window never lowers the model's risk
+    assert generate(snap, ctx)["o"].keep.p_brk == pytest.approx(model.p_brk)

@@ -838,7 +838,8 @@ class CandidateGenerator:
         keep_c = None
         if current and keep_eval is not None:
             kj = float(tchebycheff(keep_eval.y, weights, z, rng, knobs.rho)[0])
-            kp = float(keep_eval.p_brk[0])
+            # the running ladder's own last window outranks the model where it says worse
+            kp = max(float(keep_eval.p_brk[0]), float(ctx.observed_risk.get(job.job_id, 0.0)))
             keep_c = Candidate(job.job_id, OptionKind.KEEP, current, keep_eval.y[0], kj, kp, 0.0,
                                kj - knobs.gamma * kp, float(keep_eval.unserved[0]), float(keep_eval.served_tps[0]),
                                dem, float(keep_eval.capacity_tps[0]), c3_ok=kp <= knobs.tau)

@@ -98,8 +98,11 @@ def planning_context(ctx: ProposeContext, *, predictor: Predictor | None = None,
 
 
 def baseline_context(ctx: ProposeContext, predictor: Predictor | None = None) -> PlanningContext:
-    """A policy without mechanism learning: fresh surrogate (or ``predictor``), β = 0, no exploration."""
-    return planning_context(ctx, predictor=predictor or fresh_predictor(), beta=0.0, explore=False)
+    """A policy without mechanism learning: fresh surrogate (or ``predictor``), β = 0, no exploration,
+    and no reading of the running ladders' telemetry (``observed_risk``): it plans on the surrogate alone."""
+    pc = planning_context(ctx, predictor=predictor or fresh_predictor(), beta=0.0, explore=False)
+    pc.observed_risk = {}
+    return pc
 
 
 def job_candidates(snapshot: ClusterSnapshot, pctx: PlanningContext, book: BudgetBook | None = None

@@ -15,7 +15,8 @@ still reach the planner), PerfDB and residual learning.
 
 ``koi-frozen`` — "Koi without online learning". Off: S3 (beliefs stay at their seeds, the slow
 state at its initial values: β_0, B_max, λ_0, ε_0, prior class weights, no z*) and residual
-learning (S4 plans with the fresh surrogate and ignores PerfDB; S5's safety checks, the same
+learning (S4 plans with the fresh surrogate and ignores PerfDB and the running ladders' observed
+risk, :mod:`koi.evidence.observed`; S5's safety checks, the same
 for every policy, read the records S1 wrote for all of them).
 Still on: S2 (evidence rows are written, never applied: they show what the frozen planner
 could have learned), exploration with the seed beliefs at β_0, mechanism scoping.
@@ -67,7 +68,9 @@ class KoiFrozen(KoiProposer):
     policy = "koi-frozen"
 
     def context(self, ctx: Any) -> Any:
-        return planning_context(ctx, predictor=fresh_predictor())
+        pc = planning_context(ctx, predictor=fresh_predictor())
+        pc.observed_risk = {}  # no online learning: not even its running ladders' last windows
+        return pc
 
 
 def rlm_config(options: dict[str, Any]) -> Any:
