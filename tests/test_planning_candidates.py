@@ -189,3 +189,40 @@ def test_the_keep_option_carries_the_running_ladders_observed_risk() -> None:
     assert seen.sigma == pytest.approx(model.sigma - ctx.knobs.gamma * (0.6 - model.p_brk))
     ctx.observed_risk = {"o": 0.0}  # a healthy window never lowers the model's risk
     assert generate(snap, ctx)["o"].keep.p_brk == pytest.approx(model.p_brk)
+
+
+def test_an_in_place_swap_into_a_full_pool_goes_dark_for_its_cold_start() -> None:
+    """S6 tears a rank down before its successor starts when the pool has no room for both: the swap
+    leaves that rank's share of the traffic unserved for the new chain's cold start."""
+    from dataclasses import replace
+
+    from koi.planning.candidates import transition_gaps
+
+    def cands(h100_total: int):
+        p = pool("aws", "p5.48xlarge", "us-east-1", total=h100_total)
+        q = pool("aws", "p4de.24xlarge", "us-east-1", total=2)
+        snap = snapshot([online_job("o", "llama-3.1-8b", 5.0, 1500, 40)], [p, q])
+        return generate(with_running(snap, {"o": Ladder(ranks=[
+            Rank(env=p.env, config=ChainConfig(instance_type="p5.48xlarge", tp=8), n_replicas=2),
+            Rank(env=q.env, config=ChainConfig(instance_type="p4de.24xlarge", tp=8), n_replicas=2)])}), _ctx())["o"]  # fmt: skip
+
+    full, roomy = cands(2), cands(8)
+    cur = full.keep.ranks
+    h100 = next(r for r in cur if r.pool_id.endswith("p5.48xlarge"))
+    a100 = next(r for r in cur if r.pool_id.endswith("p4de.24xlarge"))
+    swap = next(c for c in full.all_scored if len(c.ranks) == 1 and c.ranks[0].pool_id == h100.pool_id
+                and c.ranks[0].key != h100.key and c.ranks[0].instances <= 2)  # fmt: skip
+    new = swap.ranks[0]
+    tick = 300.0
+    share = h100.n * h100.est.cap_rps / sum(r.n * r.est.cap_rps for r in cur)
+    # no room next to the running rank: the H100 share is dark for the new chain's cold start
+    gap = transition_gaps(cur, [(new,)], {h100.pool_id: 0, a100.pool_id: 0}, tick)[0]
+    assert gap == pytest.approx(share * min(1.0, new.cold_s / tick)) and 0 < gap < 1
+    # room for the successor: make before break, no gap; a fresh placement has none either
+    assert transition_gaps(cur, [(new,)], {h100.pool_id: new.instances}, tick)[0] == 0.0
+    assert transition_gaps(None, [(new,)], {}, tick)[0] == 0.0
+    # rescaling the running chain in place is not a replacement
+    assert transition_gaps(cur, [(replace(h100, n=h100.n + 1),)], {h100.pool_id: 0}, tick)[0] == 0.0
+    # the generator charges it: the same swap leaves demand unserved in the full pool only
+    twin = next(c for c in roomy.all_scored if c.cand_id == swap.cand_id)
+    assert swap.unserved == pytest.approx(twin.unserved + gap)
