@@ -238,3 +238,31 @@ def test_milp_is_exact_with_reservations(seed: int) -> None:
     pick, res, _, _ = solve_milp(problem)
     assert pick is not None and not violations(problem, pick)
     assert evaluate(problem, pick)[0] == pytest.approx(_brute(problem), abs=1e-6)
+
+
+@pytest.mark.parametrize("use_milp", [True, False])
+def test_a_breaching_active_job_reserves_the_swap_another_job_blocks(use_milp: bool) -> None:
+    """Active job B breaches C3 on pool l; its good ladder needs pool h, held by A, which could move to
+    pool a. _reservations gives B "keep now, hold h at the end of the tick", and the plan moves A."""
+    from koi.planning.selector import _reservations
+
+    a_keep = Option(_cand("A", OptionKind.KEEP, -0.1), value=-0.1, usage={}, quota={}, is_swap=False, edges=(), mechs=())
+    a_swap = Option(_cand("A", OptionKind.SWAP, -0.15), value=-0.15, usage={"a": 1}, quota={}, is_swap=True,
+                    edges=(), mechs=(), after={"a": 1, "h": -1})  # fmt: skip
+    b_keep = Option(_cand("B", OptionKind.KEEP, -1.1), value=-1.1, usage={}, quota={}, is_swap=False, edges=(), mechs=())
+    b_swap = Option(_cand("B", OptionKind.SWAP, -0.4), value=-0.4, usage={"h": 1}, quota={}, is_swap=True,
+                    edges=(), mechs=(), after={"h": 1, "l": -2})  # fmt: skip
+
+    class _JC:  # what _reservations reads of JobCandidates
+        null = b_keep.cand
+
+    held = _reservations(_JC(), [b_keep, b_swap], 0.5, kind=OptionKind.SWAP)
+    assert len(held) == 1 and held[0].cand.kind is OptionKind.KEEP and held[0].cand.reserves is b_swap.cand
+    assert held[0].value == pytest.approx(-1.1 + 0.5 * 0.7)
+    assert held[0].usage == {} and held[0].after == {"h": 1}  # not the l it frees only when it swaps
+    problem = SelectionProblem(job_ids=["A", "B"], options=[[a_keep, a_swap], [b_keep, b_swap, *held]],
+                               pool_free={"h": 0, "a": 2, "l": 0}, quota_limit={}, swap_budget=2, beta=0.0,
+                               u_edge=np.zeros(0), u_mech=np.zeros(0), omega_m=1.0)  # fmt: skip
+    res = select(problem, use_milp=use_milp)
+    assert res.choice["A"].kind is OptionKind.SWAP
+    assert res.choice["B"].kind is OptionKind.KEEP and res.choice["B"].reserves is b_swap.cand

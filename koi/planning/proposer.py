@@ -129,7 +129,12 @@ def action_for(snapshot: ClusterSnapshot, jc: JobCandidates, c: Candidate, book:
         )
     if c.kind is OptionKind.KEEP:
         why = f"keep: σ={c.sigma:.3f} (J={c.j:.3f}, p_brk={c.p_brk:.3f})"
-        why += f"; no swap among {n_opts} candidates pays for its switching cost" if n_opts else "; no alternative"
+        if c.reserves is not None:
+            r = c.reserves
+            why += (f"; reserved: {_describe(r.ranks)} (σ={r.sigma:.3f}, p_brk={r.p_brk:.3f}) does not fit this tick;"
+                    " the plan leaves its instances free once this tick's swaps end, to swap next tick")
+        else:
+            why += f"; no swap among {n_opts} candidates pays for its switching cost" if n_opts else "; no alternative"
         return Action(job_id=job.job_id, type=ActionType.KEEP, tenant_id=job.tenant, mechanism_id=c.mechanism_id,
                       budget_ref=s.slice_id if s else None, rationale=why, issuer=issuer)
     if c.reserves is not None:

@@ -32,7 +32,10 @@ the kept ladder was producing anyway, a systematic bias toward churn. A defer ca
 
 **Reservations (two-tick lookahead).** Capacity a swap frees is free only once its A/B
 overlap ends, so a one-tick program can never move jobs off the only GPUs a pending job's
-ladders fit: it would pay the swaps now and see the gain never. A pending job therefore also
+ladders fit: it would pay the swaps now and see the gain never. (An active job whose running
+ladder breaches C3 gets the same options over its swaps: keep now, swap next tick — on hetero-3h
+agent-235b's H100 ranks overloaded after the driver update while its one good ladder, four
+MI300X replicas, sat behind another job that could have moved.) A pending job therefore also
 has *reservation* options, one per its ``RESERVE_TOP`` best ladders and the best ladder of a few
 other footprints (sets of pools, fewest first): a defer now that holds
 that ladder's instances at the end of the tick, valued v_defer + ρ·(v_ladder − v_defer)
@@ -207,8 +210,11 @@ def build_problem(
                 edges=tuple(sorted(act.edges)) if explores else (), mechs=tuple(sorted(act.mechanisms)) if explores else (),
                 after=after,
             ))
-        if jc.null.kind is OptionKind.DEFER and knobs.reserve_share > 0:
-            opts.extend(_reservations(jc, opts, knobs.reserve_share))
+        if knobs.reserve_share > 0:
+            if jc.null.kind is OptionKind.DEFER:
+                opts.extend(_reservations(jc, opts, knobs.reserve_share))
+            elif jc.keep is not None and jc.keep.ranks and jc.keep.p_brk > knobs.tau:
+                opts.extend(_reservations(jc, opts, knobs.reserve_share, kind=OptionKind.SWAP))
         options.append(opts)
     return SelectionProblem(
         job_ids=job_ids, options=options, pool_free=pool_free, quota_limit=quota_limit,
@@ -227,8 +233,11 @@ def _pools(o: Option) -> frozenset[str]:
     return frozenset(k for k, v in o.cand.usage.items() if v > 0)
 
 
-def _reservations(jc: JobCandidates, opts: list[Option], share: float) -> list[Option]:
-    """A pending job's reservation options (module docstring, "Reservations").
+def _reservations(jc: JobCandidates, opts: list[Option], share: float,
+                  kind: OptionKind = OptionKind.PLACE) -> list[Option]:  # fmt: skip
+    """A pending job's reservation options (module docstring, "Reservations"), or (``kind`` SWAP) those
+    of an active job whose running ladder breaches C3: keep now, hold what the swap needs beyond the
+    running ladder's instances at the end of the tick, swap next tick.
 
     The best ladders by value often share one footprint (a split ladder over the same two
     pools with different fillers), and freeing *that* footprint may be impossible this tick
@@ -239,7 +248,7 @@ def _reservations(jc: JobCandidates, opts: list[Option], share: float) -> list[O
     (``RESERVE_FOOTPRINTS`` of them): the solver picks which room is cheapest to make.
     """
     null = opts[0]
-    ranked = sorted((o for o in opts[1:] if o.cand.kind is OptionKind.PLACE and o.value > null.value),
+    ranked = sorted((o for o in opts[1:] if o.cand.kind is kind and o.value > null.value),
                     key=lambda o: (-o.value, o.cand.cand_id))  # fmt: skip
     best = ranked[:RESERVE_TOP]
     seen = {_pools(o) for o in best}
@@ -253,8 +262,11 @@ def _reservations(jc: JobCandidates, opts: list[Option], share: float) -> list[O
     out = []
     for o in best:
         cand = replace(jc.null, reserves=o.cand, cand_id=f"reserve:{o.cand.cand_id}")
+        # a pending job holds its ladder's instances; an active one what the swap needs beyond its own
+        # (the running ladder keeps its instances until next tick's swap)
+        after = dict(o.cand.usage) if kind is OptionKind.PLACE else {k: v for k, v in o.after.items() if v > 0}
         out.append(Option(cand=cand, value=null.value + share * (o.value - null.value), usage={}, quota={},
-                          is_swap=False, edges=(), mechs=(), after=dict(o.cand.usage)))  # fmt: skip
+                          is_swap=False, edges=(), mechs=(), after=after))  # fmt: skip
     return out
 
 
