@@ -202,6 +202,23 @@ def test_c5_priority_inversion() -> None:
     assert [d.job_id for d in inv] == ["p1"] and inv[0].data["lower"] == ["p2"]
 
 
+def test_repair_resolves_a_priority_inversion_instead_of_falling_back() -> None:
+    """The repair admits the higher-priority job and lets the lower one yield (re-admitted only if it
+    still fits), so the repaired plan validates instead of becoming keep-all."""
+    snap, ctx, (h, a, _) = _scenario()
+    vctx = ValidationContext(ctx=ctx)
+    plan = _plan(snap, Action(job_id="p2", type="place", ladder=Ladder(ranks=[_rank(h, n=2)])),
+                 Action(job_id="p1", type="defer"))
+    first = validate_plan(plan, snap, vctx)
+    assert any(d.constraint is Constraint.C5 and d.job_id == "p1" for d in first.diagnostics)
+    fixed = repair(plan, first.diagnostics, snap, vctx)
+    acts = {x.job_id: x for x in fixed.actions}
+    assert acts["p1"].type is ActionType.PLACE and "C5" in acts["p1"].rationale
+    assert validate_plan(fixed, snap, vctx).ok
+    out = validate_and_repair(plan, snap, vctx)
+    assert out.stage == "repaired" and not out.fallback
+
+
 def test_c5_budget_book_itself() -> None:
     snap, ctx, (h, _, l4) = _scenario()
     book = build_budget_book(snap, [TenantEnvelope(tenant="t1", max_gpus=8)])

@@ -34,8 +34,9 @@ constraint, the job and the numbers):
 Repair (one round, deterministic): violating ladder actions revert to keep/defer (C0,
 C2, C3, C5-slice, C7 extras), over-subscribed pools, quotas and the swap budget shed
 their lowest-priority changes first, then wrongly deferred jobs (C6, C5 inversion) are
-admitted in priority order on their best candidate that fits. A repaired plan that
-still fails is replaced by keep-all.
+admitted in priority order on their best candidate that fits — for an inversion once the
+lower-priority jobs the plan places yield (each is re-admitted later if it still fits). A
+repaired plan that still fails is replaced by keep-all.
 """
 
 from __future__ import annotations
@@ -526,7 +527,11 @@ def repair(plan: Plan | None, diagnostics: list[Diagnostic], snapshot: ClusterSn
         a = full[jid]
         if a.type in LADDER_ACTIONS and _helps(ck, full, jid):
             revert(jid, "shed to fit capacity, quota or the swap budget")
-    # C6 and priority inversions: admit deferred pending jobs in priority order
+    # C6 and priority inversions: admit deferred pending jobs in priority order; one that fits only
+    # if lower-priority jobs this plan places yield (C5's inversion) is admitted and they are deferred,
+    # to be re-admitted further down the order if they still fit. Without this, a repair that had to
+    # defer a job for C3 could trip C5 on the job it had let in, and the tick fell back to keep-all
+    # (the rolling MILP on hetero-3h seed 1: three ticks in which no job moved)
     for jid in order:
         a = full[jid]
         if ck.jobs[jid].status is not JobStatus.PENDING or a.type is not ActionType.DEFER:
@@ -535,14 +540,34 @@ def repair(plan: Plan | None, diagnostics: list[Diagnostic], snapshot: ClusterSn
         after = ck.tenant_use(ck.ladders_after(full, set()))
         left = ck._tenant_left(ck.jobs[jid].job.tenant, after)
         fits = [c for c in ck.admissible(jid) if ck._fits(c, residual, left)]
+        tag = "admitted (C6)"
+        if not fits:  # an inversion: it fits once the lower-priority jobs this plan newly places yield
+            lower = _newly_placed_below(ck, full, jid)
+            if lower:
+                trial = {k: (_null(ck, k, "") if k in lower else v) for k, v in full.items()}
+                residual = ck._residual(trial, set())
+                left = ck._tenant_left(ck.jobs[jid].job.tenant, ck.tenant_use(ck.ladders_after(trial, set())))
+                fits = [c for c in ck.admissible(jid) if ck._fits(c, residual, left)]
+                if fits:  # the lower ones come later in ``order``: each is re-admitted if it still fits
+                    for k in lower:
+                        revert(k, f"yields its capacity to higher-priority {jid} (C5 priority inversion)")
+                    tag = f"admitted ahead of lower-priority {lower} (C5)"
         if fits:
             best = max(fits, key=lambda c: (c.sigma, c.cand_id))
             act = action_for(snapshot, ck.candidates(jid), best, ck.book)
-            full[jid] = act.model_copy(update={"rationale": "repair: admitted (C6); " + act.rationale})
+            full[jid] = act.model_copy(update={"rationale": f"repair: {tag}; " + act.rationale})
     note = f"repaired ({len(reason)} reverted): " + "; ".join(f"{k}: {v}" for k, v in sorted(reason.items()))[:2000]
     return Plan(tick=snapshot.tick, cluster_id=snapshot.cluster_id, proposer=plan.proposer,
                 tick_rationale=(plan.tick_rationale + " | " if plan.tick_rationale else "") + note,
                 actions=[full[j] for j in order])
+
+
+def _newly_placed_below(ck: _Checker, acts: Mapping[str, Action], jid: str) -> list[str]:
+    """Pending jobs of strictly lower priority than ``jid`` that ``acts`` places (what C5's inversion
+    check would have them yield)."""
+    pr = ck.jobs[jid].job.priority
+    return sorted(k for k, a in acts.items() if a.type is ActionType.PLACE and a.ladder is not None
+                  and ck.jobs[k].job.priority < pr)  # fmt: skip
 
 
 def _null(ck: _Checker, jid: str, why: str) -> Action:
