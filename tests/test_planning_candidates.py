@@ -196,7 +196,7 @@ def test_an_in_place_swap_into_a_full_pool_goes_dark_for_its_cold_start() -> Non
     leaves that rank's share of the traffic unserved for the new chain's cold start."""
     from dataclasses import replace
 
-    from koi.planning.candidates import transition_gaps
+    from koi.planning.transition import transition_gaps
 
     def cands(h100_total: int):
         p = pool("aws", "p5.48xlarge", "us-east-1", total=h100_total)

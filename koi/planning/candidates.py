@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
@@ -62,6 +62,7 @@ from koi.planning.capacity import PoolIndex, instances_for, size_online
 from koi.planning.context import PRESETS, PlanningContext
 from koi.planning.predictor import ChainEstimate
 from koi.planning.split import SplitRows, ladder_key, split_ladders
+from koi.planning.transition import transition_gaps
 from koi.scoring.exploration import EMPTY, Activation
 from koi.scoring.risk import breach_probability, combine
 from koi.scoring.switching import SwitchItem, switch_cost_items
@@ -442,44 +443,6 @@ def switch_costs(current: Sequence[RankSpec] | None, ladders: Sequence[Sequence[
     old = _items(current)
     return np.array([switch_cost_items(old, _items(lad), float(p), ctx.switch).total
                      for lad, p in zip(ladders, p_brk, strict=True)])
-
-
-def transition_gaps(current: Sequence[RankSpec] | None, ladders: Sequence[Sequence[RankSpec]],
-                    free: Mapping[str, int], tick_s: float) -> np.ndarray:
-    """Share of a tick's demand each swap leaves unserved while it happens (0 for a placement).
-
-    S6 replaces a running rank *in place* — tears it down before its successor starts — when its
-    pool has no free room for the successor (:func:`koi.pipeline.stages.plan_ops`, wave 1); elsewhere
-    the old ranks keep serving until the new ones do (make before break). An in-place replacement
-    therefore leaves the old rank's share of the job's traffic without a server for the new chain's
-    cold start. SwitchCost prices churn in dollars (whitepaper, "The Cluster Objective"); this is the
-    service it costs, in the selector's currency for lost service (the unserved share, priced at
-    W·priority), so a swap that buys a few hundredths of J by going dark for two minutes does not
-    look free. Choices: a pool "has room" when its free instances hold the successor's (the plan's
-    other launches there are not known per candidate); a rank whose chain the new ladder keeps in
-    the same pool is rescaled, not replaced (no gap); traffic shares are the gateway weights
-    (replicas × per-replica SLO capacity, as :meth:`RankSpec.to_rank`).
-    """
-    out = np.zeros(len(ladders))
-    if not current:
-        return out
-    w = np.array([r.n * (r.est.cap_rps if r.est.cap_rps > 0 else r.est.sat_rps) for r in current], dtype=float)
-    share = w / w.sum() if w.sum() > 0 else np.full(len(current), 1.0 / len(current))
-    by_pool: dict[str, list[int]] = defaultdict(list)
-    for i, r in enumerate(current):
-        by_pool[r.pool_id].append(i)
-    for k, lad in enumerate(ladders):
-        gap = 0.0
-        for pid, old in by_pool.items():
-            new = [r for r in lad if r.pool_id == pid]
-            keys = {r.key for r in new}
-            replaced = [i for i in old if current[i].key not in keys]
-            launched = [r for r in new if r.key not in {current[i].key for i in old}]
-            if not replaced or not launched or sum(r.instances for r in launched) <= free.get(pid, 0):
-                continue
-            gap += float(share[replaced].sum()) * min(1.0, max(r.cold_s for r in launched) / tick_s)
-        out[k] = min(gap, 1.0)
-    return out
 
 
 # ---- the generator ----------------------------------------------------------------------------------
