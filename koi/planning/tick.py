@@ -121,6 +121,7 @@ def _inputs_digest(snapshot: ClusterSnapshot, ctx: PlanningContext, extra: Any =
         "edges": {e: float(u) for e, u in zip(ctx.exploration.edge_ids, ctx.exploration.u_edge, strict=True)},
         "mechanisms": {m: float(u) for m, u in zip(ctx.exploration.mechanism_ids, ctx.exploration.u_mech, strict=True)},
         "history": ctx.history, "predictor": ctx.predictor.name, "extra": extra,
+        "observed": {j: float(p) for j, p in sorted(ctx.observed_risk.items())},
     })
 
 
