@@ -40,8 +40,8 @@ def rank_risk(s: Served) -> float:
         xs = s.window.series.get(name)
         if not target or not xs:
             continue
-        b = np.asarray(xs, dtype=float) > float(target)
-        breach = b if breach is None or len(breach) != len(b) else (breach | b)
+        b = np.asarray(xs, dtype=float) > float(target)  # series are aligned with the window's times
+        breach = b if breach is None else breach | b
     return float(breach.mean()) if breach is not None and len(breach) else 0.0
 
 

@@ -34,16 +34,18 @@ def transition_gaps(current: Sequence[RankSpec] | None, ladders: Sequence[Sequen
         return out
     w = np.array([r.n * (r.est.cap_rps if r.est.cap_rps > 0 else r.est.sat_rps) for r in current], dtype=float)
     share = w / w.sum() if w.sum() > 0 else np.full(len(current), 1.0 / len(current))
+    cur_keys = [r.key for r in current]
     by_pool: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(current):
         by_pool[r.pool_id].append(i)
+    old_keys = {pid: {cur_keys[i] for i in old} for pid, old in by_pool.items()}
     for k, lad in enumerate(ladders):
         gap = 0.0
         for pid, old in by_pool.items():
-            new = [r for r in lad if r.pool_id == pid]
-            keys = {r.key for r in new}
-            replaced = [i for i in old if current[i].key not in keys]
-            launched = [r for r in new if r.key not in {current[i].key for i in old}]
+            new = [(r, r.key) for r in lad if r.pool_id == pid]
+            keys = {key for _, key in new}
+            replaced = [i for i in old if cur_keys[i] not in keys]
+            launched = [r for r, key in new if key not in old_keys[pid]]
             if not replaced or not launched or sum(r.instances for r in launched) <= free.get(pid, 0):
                 continue
             gap += float(share[replaced].sum()) * min(1.0, max(r.cold_s for r in launched) / tick_s)
