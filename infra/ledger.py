@@ -136,6 +136,14 @@ class LedgerWorld:
         return LaunchResult(job_id=job_id, rank_id=rank_id, idempotency_key=idempotency_key,
                             status=LaunchStatus.LAUNCHED, replicas_requested=n_replicas, replicas_launched=n_replicas)
 
+    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        r = self.ranks.get(rank_id)
+        if idempotency_key in self.keys or r is None or r["job_id"] != job_id:
+            return False
+        r["rank"] = {**r["rank"], "route_weight": float(route_weight)}
+        self.keys[idempotency_key] = {"status": "reweighted", "route_weight": float(route_weight)}
+        return True
+
     # ---- checkpoint -----------------------------------------------------------------------------
     def checkpoint(self) -> bytes:
         return json.dumps(

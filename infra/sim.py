@@ -113,6 +113,9 @@ class SimWorld:
               drain_s: float | None = None) -> LaunchResult:
         return self.inner.scale(job_id, rank_id, n_replicas, idempotency_key, drain_s=drain_s)
 
+    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        return self.inner.reweight(job_id, rank_id, route_weight, idempotency_key)
+
 
 def sim_world_provider(*, launch_delay_s: float = 0.0, keep: int | None = None) -> Any:
     """The simulator kept as a checkpoint per cluster per tick in the store."""

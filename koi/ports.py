@@ -59,6 +59,11 @@ class Executor(Protocol):
         default when None) before their instances are free; 0 releases them at once."""
         ...
 
+    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        """Set a running rank's gateway weight (``Rank.route_weight``); no replica starts or stops.
+        True when the rank runs and took the weight (False: no such rank, or a repeated key)."""
+        ...
+
 
 @runtime_checkable
 class Observer(Protocol):

@@ -306,3 +306,31 @@ def test_the_gateway_shares_a_split_ladder_by_the_planners_weights(weights):
         assert share_a > 0.6  # the H100 replica decodes several times faster than the L40S one
     else:
         assert share_a == pytest.approx(weights[0] / sum(weights), abs=0.06)
+
+
+def test_a_reweight_moves_a_kept_split_ladders_traffic_without_touching_a_replica():
+    """S6's reweight of a kept ladder: the gateway follows the new weights from then on; no replica
+    starts or stops, and a repeated key or a rank that does not run changes nothing."""
+    w = World(tiny_scenario(jobs=[chat_job(rate=4.0)]))
+    a = rank_on(w, "h100").model_copy(update={"route_weight": 1.0})
+    b = rank_on(w, "l40s", tp=1).model_copy(update={"route_weight": 3.0})
+    ra, rb = w.launch(job(w, "chat"), a, "k-a"), w.launch(job(w, "chat"), b, "k-b")
+    w.advance(600)
+    replicas = len(w.replicas)
+    assert w.reweight("chat", ra.rank_id, 3.0, "rw-a") and w.reweight("chat", rb.rank_id, 1.0, "rw-b")
+    assert not w.reweight("chat", ra.rank_id, 9.0, "rw-a")  # repeated key: the first weight stands
+    assert not w.reweight("chat", "chat/no-such-rank", 9.0, "rw-x")
+    w.advance(1200)
+    assert len(w.replicas) == replicas
+    ia, ib = w.live_rank[ra.rank_id], w.live_rank[rb.rank_id]
+    before, after = _requests_per_rank_between(w, "chat", 300.0, 600.0), _requests_per_rank(w, "chat", 900.0)
+    assert before[ia] / (before[ia] + before[ib]) == pytest.approx(0.25, abs=0.06)
+    assert after[ia] / (after[ia] + after[ib]) == pytest.approx(0.75, abs=0.06)
+    assert {d.rank_id: d.rank.route_weight for d in w.deployments()} == {ra.rank_id: 3.0, rb.rank_id: 1.0}
+
+
+def _requests_per_rank_between(world: World, job_id: str, t0: float, t1: float) -> dict[int, int]:
+    rec = world.records()
+    r = rec[(rec["job"] == world.job_index[job_id]) & (rec["arrival"] >= t0) & (rec["arrival"] < t1) & (rec["rank"] >= 0)]
+    ranks, counts = np.unique(r["rank"], return_counts=True)
+    return dict(zip(ranks.tolist(), counts.tolist(), strict=True))

@@ -804,9 +804,23 @@ class ToolBackend:
         return self.validate(self.complete_plan(self._plan(raw)))
 
     def complete_plan(self, plan: Plan) -> Plan:
+        """Omitted jobs keep or defer; a keep the agent wrote without gateway weights gets the
+        learned ones when its shares moved (koi.planning.gateway: deterministic code, not the agent)."""
+        from koi.planning.gateway import keep_route_weights
         from koi.planning.proposer import complete_plan
 
-        return complete_plan(plan, self.snapshot)
+        plan = complete_plan(plan, self.snapshot)
+        acts = []
+        for a in plan.actions:
+            js = self._jobs.get(a.job_id)
+            if a.type is ActionType.KEEP and a.route_weights is None and js is not None \
+                    and js.status is JobStatus.ACTIVE:
+                keep = self.candidates(a.job_id).keep
+                w = keep_route_weights(self.snapshot, a.job_id, keep.ranks) if keep is not None else None
+                if w:
+                    a = a.model_copy(update={"route_weights": w})
+            acts.append(a)
+        return plan.model_copy(update={"actions": acts})
 
     def complete(self, raw: dict[str, Any]) -> dict[str, Any]:
         return _plan_json(self.complete_plan(self._plan(raw)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Any
 
@@ -45,6 +46,12 @@ class Action(KoiModel):
     mechanism_id: str | None = None
     swap_reason: str | None = None
     budget_ref: str | None = None
+    route_weights: dict[str, float] | None = Field(
+        default=None,
+        description="a keep only: the gateway weight of each running rank (rank id -> the planner's per-replica "
+                    "SLO capacity, req/s) when its learned capacities moved since the ladder was deployed; S6 "
+                    "re-weighs the job's router without touching a replica (koi.planning.gateway)",
+    )
     rationale: str = ""
     issuer: Issuer = Issuer.ROOT
 
@@ -65,6 +72,13 @@ class Action(KoiModel):
             raise ValueError(f"a {self.type.value} action needs a ladder")
         if self.type not in LADDER_ACTIONS and self.ladder is not None:
             raise ValueError(f"a {self.type.value} action carries no ladder")
+        if self.route_weights is not None:
+            if self.type is not ActionType.KEEP:
+                raise ValueError(f"route_weights belong to a keep, not a {self.type.value}: a new ladder carries "
+                                 "its weights on its ranks")
+            bad = {k: v for k, v in self.route_weights.items() if not (math.isfinite(v) and v > 0)}
+            if bad or not self.route_weights:
+                raise ValueError(f"route_weights must name ranks with finite positive weights, got {bad or '{}'}")
         return self
 
     @field_serializer("ladder")

@@ -138,6 +138,7 @@ class DeploySummary(Msg):
     launched: int = 0
     scaled: int = 0
     torn_down: int = 0
+    reweighted: int = 0  # kept ranks whose gateway weight changed (no replica touched)
     duplicates: int = 0
     failed: int = 0
     committed: bool = False

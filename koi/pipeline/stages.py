@@ -486,7 +486,7 @@ def s5_validate_plan(rt: Runtime, ref: StageRef) -> ValidationSummary:
 # ---- S6 deploy -------------------------------------------------------------------------------------------------------
 @dataclass
 class Op:
-    kind: str  # launch | scale | teardown
+    kind: str  # launch | scale | teardown | reweight
     job_id: str
     rank: Rank
     rank_id: str
@@ -578,6 +578,15 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
         elif a.type in (ActionType.PREEMPT, ActionType.TERMINATE):
             for d in current.values():
                 first.append(teardown(a.job_id, d, a.type.value, 0.0))
+        elif a.type is ActionType.KEEP and a.route_weights:
+            for rid, w in sorted(a.route_weights.items()):
+                d = current.get(rid)
+                if d is None or d.rank.route_weight == w:
+                    continue
+                first.append(Op("reweight", a.job_id, d.rank.model_copy(update={"route_weight": w}), rid,
+                                _key(cluster_id, tick, a.job_id, rid, "reweight", epoch),
+                                detail={"action": a.type.value, "route_weight": w,
+                                        "prev_weight": d.rank.route_weight}))
     # ranks of jobs that left (finished, cancelled) are released
     gone = [d for ds in live.values() for d in ds if d.job_id not in known] + list(released)
     seen: set[str] = set()
@@ -617,7 +626,7 @@ def _pools_with_room(index: Any, ups: list[Op]) -> set[str]:
     return {pid for pid, p in index.by_id.items() if need.get(pid, 0) <= p.free_instances}
 
 
-_DONE = {DeployStatus.LAUNCHED.value, DeployStatus.DRAINED.value, "scaled", "duplicate"}
+_DONE = {DeployStatus.LAUNCHED.value, DeployStatus.DRAINED.value, "scaled", "reweighted", "duplicate"}
 
 
 def _apply(rt: Runtime, cluster_id: str, tick: int, op: Op, jobs: dict[str, Job]) -> str:
@@ -642,6 +651,10 @@ def _apply(rt: Runtime, cluster_id: str, tick: int, op: Op, jobs: dict[str, Job]
                 status = {"launched": "scaled", "duplicate": "duplicate", "failed": "failed"}[res.status.value]
                 detail = {"op": "scale", "replicas": op.n_replicas, "prev_replicas": op.prev_replicas,
                           "reason": res.reason, **op.detail}
+            elif op.kind == "reweight":
+                took = ex.reweight(op.job_id, op.rank_id, float(op.detail["route_weight"]), op.key)
+                status = "reweighted" if took else "skipped"
+                detail = {"op": "reweight", **op.detail}
             else:
                 gone = ex.teardown(op.job_id, op.rank_id, op.key, drain_s=op.drain_s, handover=op.handover)
                 status = DeployStatus.DRAINED.value
@@ -693,7 +706,10 @@ def _commit(rt: Runtime, ref: StageRef, snap: ClusterSnapshot, plan: Plan, ops: 
             reported = w.deployments()
         by_rank = {d.rank_id: d for d in snap.deployments}
         for op in ops:
-            if op.kind == "teardown":
+            if op.kind == "reweight":
+                if op.rank_id in by_rank:
+                    by_rank[op.rank_id] = by_rank[op.rank_id].model_copy(update={"rank": op.rank})
+            elif op.kind == "teardown":
                 if op.rank_id in by_rank:
                     by_rank[op.rank_id] = by_rank[op.rank_id].model_copy(update={"state": DeploymentState.TERMINATED})
                 else:
@@ -725,6 +741,7 @@ def _commit(rt: Runtime, ref: StageRef, snap: ClusterSnapshot, plan: Plan, ops: 
             launched=counts["launched"],
             scaled=counts["scaled"],
             torn_down=counts["drained"],
+            reweighted=counts["reweighted"],
             duplicates=counts["duplicate"] + counts["skipped"],
             failed=counts["failed"],
             committed=True,
@@ -754,7 +771,7 @@ def compensate_keep_all(rt: Runtime, ref: StageRef, reason: str = "") -> Compens
         epoch = _epoch(s, ref.cluster_id, ref.tick)
         claims = [r for r in list_deploys(s, ref.cluster_id, ref.tick) if not r.idempotency_key.endswith(":undo")]
         any_claims = any(r.status not in ("rolled_back", "abandoned") for r in claims)
-        rows = [r for r in claims if r.status in ("launched", "scaled", "drained", "duplicate")]
+        rows = [r for r in claims if r.status in ("launched", "scaled", "reweighted", "drained", "duplicate")]
         stale = [r.idempotency_key for r in claims if r.status in ("failed", "requested")]
         snap = load_stage_model(s, ref.cluster_id, ref.tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
     jobs = {j.job.job_id: j.job for j in snap.jobs} if snap is not None else {}
@@ -774,6 +791,8 @@ def compensate_keep_all(rt: Runtime, ref: StageRef, reason: str = "") -> Compens
                     ex.teardown(r.job_id, r.rank_id, key, drain_s=0.0)
                 elif op == "scale":
                     ex.scale(r.job_id, r.rank_id, int(detail.get("prev_replicas", 1)), key)
+                elif op == "reweight" and detail.get("prev_weight"):
+                    ex.reweight(r.job_id, r.rank_id, float(detail["prev_weight"]), key)
                 elif op == "teardown" and r.job_id in jobs and "rank" in detail:
                     ex.launch(jobs[r.job_id], Rank.model_validate(detail["rank"]), key)
             update_deploy(s, r.idempotency_key, "rolled_back")

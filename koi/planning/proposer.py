@@ -40,6 +40,7 @@ from koi.logging import get_logger
 from koi.planning.budget import BudgetBook, TenantEnvelope, build_budget_book
 from koi.planning.candidates import Candidate, CandidateGenerator, JobCandidates, OptionKind, RankSpec
 from koi.planning.context import PlanningContext
+from koi.planning.gateway import keep_route_weights
 from koi.planning.selector import SelectionResult, build_problem, select
 
 log = get_logger(__name__)
@@ -135,8 +136,12 @@ def action_for(snapshot: ClusterSnapshot, jc: JobCandidates, c: Candidate, book:
                     " the plan leaves its instances free once this tick's swaps end, to swap next tick")
         else:
             why += f"; no swap among {n_opts} candidates pays for its switching cost" if n_opts else "; no alternative"
+        weights = keep_route_weights(snapshot, job.job_id, c.ranks)
+        if weights:
+            why += "; gateway re-weighed to the learned capacities: " + ", ".join(
+                f"{k.rsplit('/', 1)[-1]}={w:.3g}" for k, w in weights.items())
         return Action(job_id=job.job_id, type=ActionType.KEEP, tenant_id=job.tenant, mechanism_id=c.mechanism_id,
-                      budget_ref=s.slice_id if s else None, rationale=why, issuer=issuer)
+                      budget_ref=s.slice_id if s else None, route_weights=weights, rationale=why, issuer=issuer)
     if c.reserves is not None:
         r = c.reserves
         why = (f"defer, reserved: {_describe(r.ranks)} (σ={r.sigma:.3f}, unserved {r.unserved:.0%}) does not fit "

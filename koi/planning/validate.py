@@ -188,6 +188,12 @@ class _Checker:
                 out.append(_diag(Constraint.C0, a.job_id, f"job is {js.status.value}; a plan acts on live jobs only",
                                  action=a.type.value))
                 continue
+            if a.route_weights:
+                live = {d.rank_id for d in self.s.deployments if d.job_id == a.job_id and d.is_live}
+                stray = sorted(set(a.route_weights) - live)
+                if stray:
+                    out.append(_diag(Constraint.C0, a.job_id, f"route_weights name ranks the job does not run: {stray}",
+                                     route_weights=stray))
             if a.ladder is None:
                 continue
             for i, r in enumerate(a.ladder.ranks):
@@ -520,6 +526,10 @@ def repair(plan: Plan | None, diagnostics: list[Diagnostic], snapshot: ClusterSn
     for jid in sorted(ladder_bad):
         if jid in full and full[jid].type in LADDER_ACTIONS:
             revert(jid, next(str(d) for d in diagnostics if d.job_id == jid))
+    for d in diagnostics:  # a keep's stray gateway weights: keep the ranks as they route now
+        if "route_weights" in d.data and d.job_id in full and full[d.job_id].route_weights:
+            full[d.job_id] = full[d.job_id].model_copy(update={"route_weights": None})
+            reason[d.job_id] = str(d)
     # C1 / C5 quotas / C4: shed the lowest-priority changes first until everything fits
     for jid in reversed(order):
         if not _over(ck, full):

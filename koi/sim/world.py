@@ -591,6 +591,23 @@ class World:
         else:
             self._push(self.t + drain, "rank_drained", self.live_rank[rk.rank_id])
 
+    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        """Set a live rank's gateway weight (``Rank.route_weight``): the router's wheel is rebuilt
+        at the next dispatch; no replica starts, stops or drains."""
+        if idempotency_key in self.keys:
+            return False
+        self.keys[idempotency_key] = True
+        idx = self.live_rank.get(rank_id)
+        if idx is None or self.ranks[idx].job_id != job_id or self.ranks[idx].state not in ("live", "handover"):
+            return False
+        if not (math.isfinite(route_weight) and route_weight > 0):
+            raise ValueError(f"route_weight of {rank_id} must be finite and positive, got {route_weight}")
+        rk = self.ranks[idx]
+        rk.rank = rk.rank.model_copy(update={"route_weight": float(route_weight)})
+        self._routing_dirty = True
+        self._log("reweight", job_id=job_id, rank_id=rank_id, route_weight=float(route_weight))
+        return True
+
     def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
               drain_s: float | None = None) -> LaunchResult:
         """Resize a rank. Scale-up launches replicas (cold start); scale-down drains the newest
