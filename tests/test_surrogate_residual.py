@@ -193,3 +193,33 @@ def test_uncertainty_shrinks_with_residual_support():
     before = Surrogate().predict_rank(job(1.0), rank, offered_rps=1.0)
     after = Surrogate.from_records(biased_records(20, rank=rank)).predict_rank(job(1.0), rank, offered_rps=1.0)
     assert before.uncertainty > after.uncertainty > 1.0
+
+
+def test_prequential_blocks_are_stable_as_the_perfdb_grows_and_kept_fits_change_nothing(monkeypatch):
+    """The history of a PerfDB that grew by a tick equals a fit from scratch (no kept prefix fits),
+    and it fits only the blocks that are new: every earlier boundary is shared."""
+    from koi.surrogate import residual
+
+    recs = biased_records(60)
+    assert residual._block_bounds(60, None)[:4] == [0, 8, 16, 24]
+    assert set(residual._block_bounds(50, None)) - {50} <= set(residual._block_bounds(60, None))
+    assert residual._block_bounds(10, 4) == [0, 4, 8, 10]
+    residual._PREFIX_FITS.clear()
+    calls = []
+    real = ResidualModel._fit_stage
+    monkeypatch.setattr(ResidualModel, "_fit_stage", staticmethod(lambda *a: calls.append(len(a[0])) or real(*a)))
+    ResidualModel.fit(recs[:50])
+    calls.clear()
+    grown = ResidualModel.fit(recs)
+    prequential_fits = [n for n in calls if n < 60]  # the full fit (60 rows) is not a prefix fit
+    assert prequential_fits == [b for b in residual._block_bounds(60, None)[1:-1] if b >= 50]
+    residual._PREFIX_FITS.clear()
+    fresh = ResidualModel.fit(recs)
+    for q in ("p99_tpot_ms", "p99_ttft_ms", "slo_margin"):
+        assert np.array_equal(grown.residuals(q), fresh.residuals(q))
+    # a changed early record changes every later prefix: nothing stale is reused
+    y0 = recs[0].observed_y
+    changed = [recs[0].model_copy(update={"observed_y": {**y0, "p99_ttft_ms": y0["p99_ttft_ms"] * 1.01}}), *recs[1:]]
+    calls.clear()
+    ResidualModel.fit(changed)
+    assert [n for n in calls if n < 60] == residual._block_bounds(60, None)[1:-1]

@@ -23,6 +23,7 @@ errors scale with the prompt/decode mix, not the exact token count.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from pydantic import Field
 
@@ -101,3 +102,11 @@ class Scope(FrozenModel):
 #: because it is applied to every prediction that shares only the GPU or the environment.
 EFFECTS: tuple[str, ...] = ("gpu", "env", "job", "scope", "fine")
 PRIOR_STRENGTH: dict[str, float] = {"gpu": 8.0, "env": 4.0, "job": 4.0, "scope": 2.0, "fine": 2.0}
+
+
+@lru_cache(maxsize=1 << 16)
+def effect_keys(scope: Scope) -> tuple[str, ...]:
+    """``scope.key(e)`` for every effect of :data:`EFFECTS`, in order — cached: the planner applies
+    the learned corrections to the same scopes for every quantity, and building the keys (string
+    formatting) cost more than the corrections themselves."""
+    return tuple(scope.key(e) for e in EFFECTS)
