@@ -330,3 +330,17 @@ def test_s4_and_s5_share_one_fit_per_record_set(monkeypatch):
     assert p1.surrogate.residuals.n_records == len(recs)
     recs.pop()  # a new record set is a new fit
     assert tick.fitted_predictor(None, "c") is not p1  # type: ignore[arg-type]
+
+
+def test_the_parallel_runner_starts_the_costliest_runs_first():
+    """Longest processing time first: Koi-family runs (about 3× a first-fit baseline's wall time)
+    start before the baselines, so a suite does not end on one long run; ties keep their order."""
+    from koi.bench.policy import get_policy
+    from koi.bench.runner import RunSpec
+    from koi.cli.bench import longest_first
+
+    todo = [RunSpec("hetero-3h", p, s, None) for p in ("fcfs", "milp", "evo", "koi", "oracle") for s in (0, 1)]
+    order = [(r.policy, r.seed) for r in longest_first(todo)]
+    assert order[:2] == [("koi", 0), ("koi", 1)] and order[-4:] == [("fcfs", 0), ("fcfs", 1), ("milp", 0), ("milp", 1)]
+    costs = [get_policy(p).relative_cost for p, _ in order]
+    assert costs == sorted(costs, reverse=True)

@@ -58,6 +58,10 @@ class PolicySpec:
     needs_llm: bool = False  # only run when an LLM endpoint is configured
     stochastic: bool = False  # results vary with the seed beyond the world's randomness
     description: str = ""
+    #: a run's wall time relative to a first-fit baseline's (measured on hetero-3h). A scheduling hint
+    #: only: the parallel runner starts the costliest runs first (longest processing time first), so
+    #: the suite does not end on one long run with the other cores idle
+    relative_cost: float = 1.0
 
 
 POLICIES: dict[str, PolicySpec] = {}

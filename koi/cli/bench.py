@@ -113,6 +113,15 @@ def _progress():  # noqa: ANN202 - rich Progress
                     console=err_console, transient=False)
 
 
+def longest_first(todo: list[Any]) -> list[Any]:
+    """Runs in the order a pool should start them: the costliest policies first (each policy's
+    ``relative_cost``), ties in the given order — longest processing time first, so the last
+    minutes of a suite are short runs on every worker, not one long run on one."""
+    from koi.bench.policy import get_policy
+
+    return sorted(todo, key=lambda s: -get_policy(s.policy).relative_cost)
+
+
 def _run_parallel(todo: list[Any], cache_dir: str | None, fresh: bool, jobs: int, verbose: bool,
                   show: bool) -> list[dict[str, Any]]:
     import multiprocessing as mp
@@ -127,7 +136,7 @@ def _run_parallel(todo: list[Any], cache_dir: str | None, fresh: bool, jobs: int
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
                                  initargs=(verbose,)) as pool:  # fmt: skip
-            futs = {pool.submit(_run_in_worker, s, cache_dir, fresh, q): s for s in todo}
+            futs = {pool.submit(_run_in_worker, s, cache_dir, fresh, q): s for s in longest_first(todo)}
             if prog:
                 prog.start()
                 overall = prog.add_task("suite", total=len(todo))

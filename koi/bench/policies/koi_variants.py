@@ -106,24 +106,25 @@ def _make(cls: type[PolicyProposer]) -> Any:
 
 KOI = register(PolicySpec(
     name="koi", label="Koi", family=Family.KOI, make_proposer=_make(KoiProposer), run_s2=True, run_s3=True,
+    relative_cost=2.8,
     description="Deterministic Koi with the whole learning loop: evidence, beliefs, slow loop, exploration, "
                 "mechanism scoping, residual learning from PerfDB.",
 ))
 KOI_NODAG = register(PolicySpec(
     name="koi-nodag", label="Koi without DAG/mechanisms", family=Family.ABLATION, make_proposer=_make(KoiNoDag),
-    run_s2=True, run_s3=True,
+    run_s2=True, run_s3=True, relative_cost=2.2,
     description="Koi with exploration and mechanism scoping off (β = 0, no EIG, no mechanism ids); S2/S3, the "
                 "slow loop and residual learning still on.",
 ))
 KOI_FROZEN = register(PolicySpec(
     name="koi-frozen", label="Koi without online learning", family=Family.ABLATION, make_proposer=_make(KoiFrozen),
-    run_s2=True, run_s3=False,
+    run_s2=True, run_s3=False, relative_cost=1.4,
     description="Koi with S3 skipped (beliefs and slow state frozen at their seeds) and no residual learning "
                 "(no PerfDB); S2 still writes evidence.",
 ))
 KOI_SCRIPTED = register(PolicySpec(
     name="koi-scripted", label="Koi with a scripted LLM", family=Family.LLM, make_proposer=_make(KoiScripted),
-    run_s2=True, run_s3=True, stochastic=True,
+    run_s2=True, run_s3=True, stochastic=True, relative_cost=2.6,
     description="Koi's RLM planner (sandboxed REPL, tools, selection with the deterministic plan as anchor) "
                 "driven by the scripted 'bench' model; offline.",
 ))

@@ -243,13 +243,13 @@ def _make(cls: type[PolicyProposer]) -> Any:
 
 LLM_ONLY = register(PolicySpec(
     name="llm-only", label="LLM only (no tools)", family=Family.LLM, make_proposer=_make(LlmOnly), needs_llm=True,
-    stochastic=True,
+    stochastic=True, relative_cost=3.0,
     description="The configured model writes the plan JSON from a text rendering of the snapshot; no tools; one "
                 "repair on malformed output; omitted jobs keep/defer.",
 ))
 KOI_LLM = register(PolicySpec(
     name="koi-llm", label="Koi with LLM", family=Family.LLM, make_proposer=_make(KoiLlm), run_s2=True, run_s3=True,
-    needs_llm=True, stochastic=True,
+    needs_llm=True, stochastic=True, relative_cost=3.0,
     description="Koi's RLM planner (sandboxed REPL, deterministic tools, specialists) with the configured model, "
                 "and Koi's learning loop.",
 ))

@@ -177,6 +177,7 @@ def make(bench: BenchContext) -> Oracle:
 
 ORACLE = register(PolicySpec(
     name="oracle", label="Oracle (true performance)", family=Family.ORACLE, make_proposer=make,
+    relative_cost=2.1,
     description="The joint selector on the simulator's true performance (the scenario's hidden effects applied "
                 "to the surrogate's physics): an upper bound, not a competitor.",
 ))
