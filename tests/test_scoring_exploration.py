@@ -13,7 +13,7 @@ PP_MECH = ("pp->pipeline_bubble_fraction", "max_num_batched_tokens->pipeline_bub
 KV_MECH = ("kvcache_dtype->kv_cache_util", "kv_cache_util->p99_tpot_ms")
 
 
-def _model(omega: float = 1.0) -> ExplorationModel:
+def _model(omega: float = 1.0, normalise: bool = False) -> ExplorationModel:
     mechs = [
         MechanismView("M_pp", PP_MECH, 1.0, 1.0, lambda f: f.get("pp", 1) > 1),
         MechanismView("M_kv", KV_MECH, 9.0, 1.0, lambda f: True),
@@ -21,7 +21,7 @@ def _model(omega: float = 1.0) -> ExplorationModel:
         MechanismView("M_pd", ("pd_enabled->pd_inbalance", "pd_inbalance->p99_ttft_ms"), 1.0, 1.0, lambda f: True),
     ]
     beliefs = {e: (1.0, 1.0) for e in PP_MECH} | {KV_MECH[0]: (4.0, 1.0), KV_MECH[1]: (9.0, 1.0)}
-    return ExplorationModel(edge_beliefs=beliefs, mechanisms=mechs, omega_m=omega)
+    return ExplorationModel(edge_beliefs=beliefs, mechanisms=mechs, omega_m=omega, normalise=normalise)
 
 
 def test_uncertainty_kernel() -> None:
@@ -51,6 +51,16 @@ def test_eig_sums_edge_and_mechanism_uncertainty() -> None:
     u_e = 4 * 1.0 + float(uncertainty(4, 1)) + float(uncertainty(9, 1))
     u_m = 1.0 + float(uncertainty(9, 1))
     assert ex.eig(act) == pytest.approx(u_e + 0.5 * u_m)
+
+
+def test_normalised_eig_is_the_share_of_the_graphs_uncertainty_a_ladder_tests() -> None:
+    """The planner's scale: U divided by the EIG of testing every testable edge and mechanism
+    untested (6 edges + 0.5 × 2 testable mechanisms here), so EIG and Expl lie in [0, 1]."""
+    raw, norm = _model(omega=0.5), _model(omega=0.5, normalise=True)
+    act = raw.applicable({"pp": 2})
+    assert norm.eig(norm.applicable({"pp": 2})) == pytest.approx(raw.eig(act) / (6 + 0.5 * 2))
+    assert norm.expl([norm.applicable({"pp": 2}), norm.applicable({"pp": 1})]) <= 1.0
+    assert ExplorationModel(edge_beliefs={}, mechanisms=(), normalise=True).expl([]) == 0.0
 
 
 def test_expl_counts_an_edge_once_across_the_plan() -> None:

@@ -100,7 +100,8 @@ def context(tick: int = 1):  # noqa: ANN201 - a PlanningContext
 
     mechs = default_mechanisms()
     beliefs = initial_beliefs(CLUSTER_ID, mechs)
-    ex = ExplorationModel(edge_beliefs=edge_beliefs_from(beliefs), mechanisms=views_from_causal(mechs, beliefs))
+    ex = ExplorationModel(edge_beliefs=edge_beliefs_from(beliefs), mechanisms=views_from_causal(mechs, beliefs),
+                          normalise=True)
     return PlanningContext(exploration=ex, cluster_id=CLUSTER_ID, tick=tick)
 
 

@@ -59,7 +59,8 @@ def load_planning_context(session: Session, cluster_id: str, tick: int, *,
     registry = load_registry(session, cluster_id, tick)
     beliefs = load_beliefs(session, cluster_id, tick, registry)
     exploration = ExplorationModel(edge_beliefs=edge_beliefs_from(beliefs),
-                                   mechanisms=views_from_causal(registry, beliefs), omega_m=knobs.omega_m)
+                                   mechanisms=views_from_causal(registry, beliefs), omega_m=knobs.omega_m,
+                                   normalise=True)
     if predictor is None:
         predictor = fitted_predictor(session, cluster_id)
     return PlanningContext(predictor=predictor, knobs=knobs, exploration=exploration, history=_history(slow),

@@ -18,6 +18,17 @@ Choice: the spec's "enough samples exist" gate is not applied at planning time �
 ladder that runs for a tick produces its sub-tick samples; S2's ICP power gate decides
 later whether they were enough.
 
+Scale (a choice: the spec fixes neither β's range nor EIG's scale). EIG is a sum over up to
+~100 edges and mechanisms, each U ∈ [0, 1], while J, p_brk and the switch cost are O(1):
+unnormalised, a new ladder's EIG of 5–40 made β·EIG (β_0 = 0.05) several times any
+difference in J − γ p_brk, and exploration decided nearly every placement and swap (on
+hetero-3h a 235B job went to a three-rank split ladder for its EIG of 6.7 and breached
+its TTFT target through half the run; Koi swapped 3× more than the MILP). With
+``normalise`` (what the planner uses) every U is divided by the EIG of a ladder exercising
+the whole testable graph at U = 1, so EIG and Expl(P) are the share of the graph's
+uncertainty a ladder or plan would test, in [0, 1], and β ∈ [β_min, β_max] weighs it on
+the same scale as the exploit terms.
+
 Choice: keep and defer exercise nothing (they contribute 0 to Φ in the spec, "The
 Cluster Objective"); only ladder-bearing actions count toward Expl(P).
 """
@@ -107,6 +118,8 @@ class ExplorationModel:
     edge_beliefs: Mapping[str, tuple[float, float]]
     mechanisms: Sequence[MechanismView]
     omega_m: float = 1.0
+    #: U as a share of the graph's total (module docstring, "Scale"): the planner's setting
+    normalise: bool = False
     edge_ids: tuple[str, ...] = field(init=False)
     mechanism_ids: tuple[str, ...] = field(init=False)
     u_edge: np.ndarray = field(init=False)
@@ -128,6 +141,11 @@ class ExplorationModel:
         self.u_mech = uncertainty(np.array([m.alpha for m in mechs]), np.array([m.beta for m in mechs]))
         self._mech_edges = [frozenset(pos[e] for e in testable[m.mechanism_id]) for m in mechs]
         self._testable = [bool(testable[m.mechanism_id]) for m in mechs]
+        if self.normalise:
+            total = len(ids) + self.omega_m * sum(self._testable)  # EIG of testing all of it, untested
+            if total > 0:
+                self.u_edge = self.u_edge / total
+                self.u_mech = self.u_mech / total
         self._cache = {}
 
     @classmethod
