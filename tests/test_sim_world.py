@@ -334,3 +334,27 @@ def _requests_per_rank_between(world: World, job_id: str, t0: float, t1: float) 
     r = rec[(rec["job"] == world.job_index[job_id]) & (rec["arrival"] >= t0) & (rec["arrival"] < t1) & (rec["rank"] >= 0)]
     ranks, counts = np.unique(r["rank"], return_counts=True)
     return dict(zip(ranks.tolist(), counts.tolist(), strict=True))
+
+
+def test_a_scale_in_empties_whole_instances_so_the_freed_node_is_free():
+    """Replicas r2 on node A and r3, r4 on node B (r1 on A was lost): scaling 3 → 2 stops r2, the
+    only replica on A, and frees A — stopping the newest (r4) would leave both nodes half used and
+    free nothing, though the planner's capacity model counts one node returned."""
+    w = World(tiny_scenario(jobs=[chat_job(rate=2.0)]))
+    a = w.launch(job(w, "chat"), rank_on(w, "l40s", n=3, tp=2), "a")  # 2 replicas per 4-GPU node: A, A, B
+    w.advance(200)
+    assert w.scale("chat", a.rank_id, 4, "up").replicas_launched == 4  # r4 fills B's free slot
+    w.advance(400)
+    rk = w.ranks[w.live_rank[a.rank_id]]
+    reps = [w.replicas[i] for i in rk.replicas]
+    hosts = {}
+    for r in reps:
+        hosts.setdefault(r.instances[0], []).append(r.idx)
+    assert sorted(len(v) for v in hosts.values()) == [2, 2]
+    first = min(hosts, key=lambda iid: min(hosts[iid]))
+    w._end_replica(w.replicas[min(hosts[first])], "node_failure")  # r1 is lost; its node keeps r2
+    free_before = next(p for p in w.capacity().pools if p.instance_type == "g6e.12xlarge").free_instances
+    assert w.scale("chat", a.rank_id, 2, "down", drain_s=0.0).status is LaunchStatus.LAUNCHED
+    pool = next(p for p in w.capacity().pools if p.instance_type == "g6e.12xlarge")
+    assert pool.free_instances == free_before + 1
+    assert all(w.replicas[i].state != "serving" for i in hosts[first])

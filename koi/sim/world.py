@@ -646,8 +646,7 @@ class World:
             reason = "" if added == n - cur else f"capacity for {added} of {n - cur} new replicas"
             status = LaunchStatus.LAUNCHED if added or cur else LaunchStatus.FAILED
             return result(status, cur + added, reason)
-        # scale down: drain the newest (booting ones first: they serve nobody yet)
-        victims = sorted(active, key=lambda i: (self.replicas[i].state != "booting", -i))[: cur - n]
+        victims = self._scale_in_victims(rk, active, cur - n)
         drain = self.scenario.drain_s if drain_s is None else max(float(drain_s), 0.0)
         for i in victims:
             rep = self.replicas[i]
@@ -661,6 +660,31 @@ class World:
                     self._push(self.t + drain, "replica_drained", i)
         self._routing_dirty = True
         return result(LaunchStatus.LAUNCHED, n)
+
+    def _scale_in_victims(self, rk: RankRT, active: list[int], k: int) -> list[int]:
+        """The ``k`` replicas a scale-in stops: booting ones first (they serve nobody yet), then
+        whole instances — those hosting the fewest active replicas, newest first — so the rank
+        gives back the instances the planner's capacity model (C1, ``instances_for``) counted as
+        freed. Taking merely the newest replicas could leave every instance half used and free
+        none (hetero-3h: a 6→4 scale-in of TP2PP2 replicas, two per node, freed no node, and the
+        launch C1 had placed on the returned node was refused)."""
+        booting = sorted((i for i in active if self.replicas[i].state == "booting"), reverse=True)
+        victims = booting[:k]
+        if len(victims) == k:
+            return victims
+        serving = [i for i in active if i not in set(victims)]
+        by_inst: dict[int, list[int]] = {}
+        for i in serving:
+            for iid in self.replicas[i].instances:
+                by_inst.setdefault(iid, []).append(i)
+        order = sorted(by_inst, key=lambda iid: (len(rk.hosted.get(iid, by_inst[iid])), -max(by_inst[iid])))
+        chosen = set(victims)
+        for iid in order:
+            for i in sorted(by_inst[iid], reverse=True):
+                if len(victims) < k and i not in chosen:
+                    victims.append(i)
+                    chosen.add(i)
+        return victims
 
     # ================================================================== time
     def advance(self, t: float) -> None:
