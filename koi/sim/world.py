@@ -541,13 +541,9 @@ class World:
         (a replacement that never materialises must not keep the old rank forever). Without it the
         rank leaves the rotation at once — right for a preemption, a release or a scale-in.
         """
-        if idempotency_key in self.keys:
+        rk = self._claim_live_rank(job_id, rank_id, idempotency_key)
+        if rk is None:
             return False
-        self.keys[idempotency_key] = True
-        idx = self.live_rank.get(rank_id)
-        if idx is None or self.ranks[idx].job_id != job_id or self.ranks[idx].state not in ("live", "handover"):
-            return False
-        rk = self.ranks[idx]
         drain = self.scenario.drain_s if drain_s is None else max(float(drain_s), 0.0)
         if handover and rk.state == "live" and not self._replacement_serves(rk):
             rk.state = "handover"
@@ -591,18 +587,25 @@ class World:
         else:
             self._push(self.t + drain, "rank_drained", self.live_rank[rk.rank_id])
 
-    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
-        """Set a live rank's gateway weight (``Rank.route_weight``): the router's wheel is rebuilt
-        at the next dispatch; no replica starts, stops or drains."""
+    def _claim_live_rank(self, job_id: str, rank_id: str, idempotency_key: str) -> RankRT | None:
+        """Record ``idempotency_key`` and return the job's live (or handed-over) rank; None when the
+        key was applied before or no such rank runs."""
         if idempotency_key in self.keys:
-            return False
+            return None
         self.keys[idempotency_key] = True
         idx = self.live_rank.get(rank_id)
         if idx is None or self.ranks[idx].job_id != job_id or self.ranks[idx].state not in ("live", "handover"):
-            return False
+            return None
+        return self.ranks[idx]
+
+    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        """Set a live rank's gateway weight (``Rank.route_weight``): the router's wheel is rebuilt
+        at the next dispatch; no replica starts, stops or drains."""
         if not (math.isfinite(route_weight) and route_weight > 0):
             raise ValueError(f"route_weight of {rank_id} must be finite and positive, got {route_weight}")
-        rk = self.ranks[idx]
+        rk = self._claim_live_rank(job_id, rank_id, idempotency_key)
+        if rk is None:
+            return False
         rk.rank = rk.rank.model_copy(update={"route_weight": float(route_weight)})
         self._routing_dirty = True
         self._log("reweight", job_id=job_id, rank_id=rank_id, route_weight=float(route_weight))
