@@ -225,3 +225,52 @@ def _edit_world(rt, fn) -> None:
         w = LedgerWorld.restore(decode_checkpoint(payload))
         fn(w)
         save_checkpoint(s, CLUSTER, at, encode_checkpoint(w.checkpoint(), w.now()))
+
+
+def _split(w0: float, w1: float) -> Ladder:
+    return Ladder(ranks=[rank().model_copy(update={"route_weight": w0}),
+                         Rank(env=ENV, config=ChainConfig(instance_type="g6.xlarge", max_num_seqs=128), n_replicas=1,
+                              route_weight=w1)])
+
+
+def test_a_keeps_gateway_weights_are_applied_committed_and_undone_by_keep_all(rt):
+    """Tick 0 places a two-rank ladder at 1:1; tick 1 keeps it at 3:1 — S6 re-weighs both ranks
+    without a launch and the deployments table follows; when a later operation of the tick fails,
+    keep-all puts the old weights back."""
+    ids = [r.rank_id("job-0") for r in _split(1.0, 1.0).ranks]
+
+    def reweigh(ctx: ProposeContext) -> Plan:
+        acts = []
+        for js in ctx.snapshot.jobs:
+            if js.job.job_id == "job-0" and js.status.value == "pending":
+                acts.append(Action(job_id="job-0", type=ActionType.PLACE, ladder=_split(1.0, 1.0)))
+            elif js.job.job_id == "job-0":
+                acts.append(Action(job_id="job-0", type=ActionType.KEEP, route_weights={ids[0]: 3.0, ids[1]: 1.0}))
+            else:
+                acts.append(Action(job_id=js.job.job_id, type=ActionType.PLACE, ladder=Ladder(ranks=[rank()])))
+        return Plan(actions=acts, proposer="reweigh")
+
+    rt.proposers["reweigh"] = reweigh
+    rt.default_proposer = "reweigh"
+    run_ticks(rt, CLUSTER, 1, jobs=[make_job(0), make_job(1, submitted_at=120.0)])  # job-1 arrives at tick 2
+    r = run_tick(rt, CLUSTER, 1)
+    assert r.outcome is TickOutcome.COMMITTED and (r.deploy.reweighted, r.deploy.launched) == (1, 0)  # 1.0 → 1.0 is no op
+    weights = lambda: {rid: v["rank"]["route_weight"] for rid, v in world(rt).ranks.items()}  # noqa: E731
+    assert weights() == {ids[0]: 3.0, ids[1]: 1.0}
+    from koi.store import get_deployments
+
+    with session_scope(rt.engine) as s:
+        assert {d.rank_id: d.rank.route_weight for d in get_deployments(s, CLUSTER, live_only=True)} == weights()
+    # tick 2: the keep re-weighs back to 1:1 (first wave) and job-1's launch is refused → keep-all
+    rt.proposers["reweigh"] = lambda ctx: Plan(proposer="reweigh", actions=[
+        Action(job_id="job-0", type=ActionType.KEEP, route_weights={ids[0]: 1.0, ids[1]: 2.0}),
+        Action(job_id="job-1", type=ActionType.PLACE, ladder=Ladder(ranks=[rank()]))])
+    with session_scope(rt.engine) as s:
+        found = load_checkpoint(s, CLUSTER)
+        w = LedgerWorld.restore(decode_checkpoint(found[1]))
+        w.fail_launches.add("job-1")
+        from koi.pipeline.world import encode_checkpoint, save_checkpoint
+        save_checkpoint(s, CLUSTER, found[0], encode_checkpoint(w.checkpoint(), w.now()))
+    r = run_tick(rt, CLUSTER, 2)
+    assert r.outcome is TickOutcome.FALLBACK and r.compensation.undone == 2
+    assert weights() == {ids[0]: 3.0, ids[1]: 1.0}
