@@ -148,6 +148,12 @@ def _fit_effects(keys: dict[str, list[str]], y: np.ndarray, prior_scale: float =
     )
 
 
+def _keys_of(rows: Sequence[_Row], idx: Sequence[int] | np.ndarray) -> dict[str, list[str]]:
+    """Each effect's level key of the rows at ``idx`` (``_fit_effects``'s input)."""
+    ks = [effect_keys(rows[i].scope) for i in idx]
+    return {e: [k[j] for k in ks] for j, e in enumerate(EFFECTS)}
+
+
 def _empty_effects() -> _Effects:
     return _Effects(theta={e: {} for e in EFFECTS}, counts={e: {} for e in EFFECTS})
 
@@ -224,6 +230,22 @@ def _record_curve(model: str, env, config, isl: float, osl: float, lam: float, n
     return out
 
 
+_RATIO_CURVES: OrderedDict[int, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = OrderedDict()
+
+
+def _ratio_curves(cv: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each quantity's curve over its f = 1 value. :func:`physics_curves` returns the same cached
+    dict for a record on every refit, so the ratios are kept by that dict's identity (checked)."""
+    hit = _RATIO_CURVES.get(id(cv))
+    if hit is not None and hit[0] is cv:
+        return hit[1]
+    out = {q: c for q, c in ((q, _ratio_curve(v)) for q, v in cv.items()) if c is not None}
+    _RATIO_CURVES[id(cv)] = (cv, out)
+    if len(_RATIO_CURVES) > 8192:
+        _RATIO_CURVES.popitem(last=False)
+    return out
+
+
 def _ratio_curve(vals: np.ndarray) -> np.ndarray | None:
     mid = len(SPEED_GRID) // 2
     if vals is None or not np.all(np.isfinite(vals)) or vals[mid] <= _EPS:
@@ -297,7 +319,7 @@ class ResidualModel:
         raw = (curves or physics_curves)(kept)
         rows = []
         for r, pred, cv in zip(kept, preds, raw, strict=True):
-            curve = {q: c for q, c in ((q, _ratio_curve(v)) for q, v in cv.items()) if c is not None}
+            curve = _ratio_curves(cv)
             rows.append(_Row(r.config.engine_name, scope_of_record(r), pred, {**r.observed_v, **r.observed_y}, curve,
                              int(r.tick)))
         return cls._fit_rows(rows, block=block)
@@ -319,11 +341,7 @@ class ResidualModel:
     def _fit_stage(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray) -> tuple[_Effects, dict[str, _Effects]]:
         """Both stages on ``rows`` (speed effects, then output effects given the fitted speeds)."""
         sel = np.flatnonzero(ok)
-        if len(sel):
-            keys = {e: [rows[i].scope.key(e) for i in sel] for e in EFFECTS}
-            speed = _fit_effects(keys, y_speed[sel])
-        else:
-            speed = _empty_effects()
+        speed = _fit_effects(_keys_of(rows, sel), y_speed[sel]) if len(sel) else _empty_effects()
         logf = np.array([speed.log_factor(r.scope) for r in rows])
         effects: dict[str, _Effects] = {}
         for q in CORRECTED:
@@ -336,8 +354,7 @@ class ResidualModel:
                         idx.append(i)
                         ys.append(math.log(o / pred))
             if idx:
-                keys = {e: [rows[i].scope.key(e) for i in idx] for e in EFFECTS}
-                effects[q] = _fit_effects(keys, np.clip(np.array(ys), -OUTPUT_CLIP, OUTPUT_CLIP), OUTPUT_PRIOR_SCALE)
+                effects[q] = _fit_effects(_keys_of(rows, idx), np.clip(np.array(ys), -OUTPUT_CLIP, OUTPUT_CLIP), OUTPUT_PRIOR_SCALE)
         return speed, effects
 
     @classmethod
@@ -463,6 +480,8 @@ PREQ_GROWTH = 1.15
 #: (prefix length, prefix digest) -> the two-stage fit on that prefix; see :func:`_prequential`
 _PREFIX_FITS: OrderedDict[tuple[int, int], tuple[_Effects, dict[str, _Effects]]] = OrderedDict()
 _PREFIX_FITS_MAX = 512
+#: (block start, block stop, digest of rows[:stop]) -> the block's residuals (they depend on nothing else)
+_BLOCK_RESIDUALS: OrderedDict[tuple[int, int, int], list[tuple[int, str, float]]] = OrderedDict()
 
 
 def _block_bounds(n: int, block: int | None) -> list[int]:
@@ -487,6 +506,55 @@ def _prefix_digests(rows: list[_Row]) -> list[int]:
     return out
 
 
+def _cached(cache: OrderedDict, key: tuple) -> Any:
+    hit = cache.get(key)
+    if hit is not None:
+        cache.move_to_end(key)
+    return hit
+
+
+def _put(cache: OrderedDict, key: tuple, value: Any) -> Any:
+    cache[key] = value
+    if len(cache) > _PREFIX_FITS_MAX:
+        cache.pop(next(iter(cache)))
+    return value
+
+
+def _prefix_fit(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray, start: int, prefix: list[int]
+                ) -> tuple[_Effects, dict[str, _Effects]]:  # fmt: skip
+    """The two-stage fit on ``rows[:start]`` (kept by the prefix's digest)."""
+    if start == 0:
+        return _empty_effects(), {}
+    key = (start, prefix[start - 1])
+    hit = _cached(_PREFIX_FITS, key)
+    if hit is None:
+        hit = _put(_PREFIX_FITS, key, ResidualModel._fit_stage(rows[:start], y_speed[:start], ok[:start]))
+    return hit
+
+
+def _block_residuals(rows: list[_Row], start: int, stop: int, speed: _Effects, effects: dict[str, _Effects]
+                     ) -> list[tuple[int, str, float]]:  # fmt: skip
+    """(record index, quantity, obs/pred − 1) of ``rows[start:stop]`` under the fit before them."""
+    out = []
+    for i in range(start, stop):
+        row = rows[i]
+        logf = speed.log_factor(row.scope)
+        for q in (*CORRECTED, "cost_per_token"):
+            o, b = row.observed.get(q, 0.0), row.predicted.get(q, 0.0)
+            if not (o > _EPS and b > _EPS and math.isfinite(o) and math.isfinite(b)):
+                continue
+            if q == "cost_per_token":
+                thr = row.curve.get("throughput_tokens_per_sec")
+                g = effects.get("throughput_tokens_per_sec")
+                corr = _at(thr, logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
+                pred = b / max(corr, _EPS)
+            else:
+                g = effects.get(q)
+                pred = b * _at(row.curve.get(q), logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
+            out.append((i, q, o / pred - 1.0))
+    return out
+
+
 def _prequential(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray, block: int | None
                  ) -> dict[str, tuple[list[Scope], np.ndarray]]:  # fmt: skip
     """Relative residuals obs/pred − 1 where each block is predicted by the model fitted before it.
@@ -501,35 +569,13 @@ def _prequential(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray, block: i
     prefix = _prefix_digests(rows)
     bounds = _block_bounds(n, block)
     for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
-        if start == 0:
-            speed, effects = _empty_effects(), {}
-        else:
-            key = (start, prefix[start - 1])
-            hit = _PREFIX_FITS.get(key)
-            if hit is None:
-                hit = ResidualModel._fit_stage(rows[:start], y_speed[:start], ok[:start])
-                _PREFIX_FITS[key] = hit
-                if len(_PREFIX_FITS) > _PREFIX_FITS_MAX:
-                    _PREFIX_FITS.pop(next(iter(_PREFIX_FITS)))
-            else:
-                _PREFIX_FITS.move_to_end(key)
-            speed, effects = hit
-        for i in range(start, stop):
-            row = rows[i]
-            logf = speed.log_factor(row.scope)
-            for q in (*CORRECTED, "cost_per_token"):
-                o, b = row.observed.get(q, 0.0), row.predicted.get(q, 0.0)
-                if not (o > _EPS and b > _EPS and math.isfinite(o) and math.isfinite(b)):
-                    continue
-                if q == "cost_per_token":
-                    thr = row.curve.get("throughput_tokens_per_sec")
-                    g = effects.get("throughput_tokens_per_sec")
-                    corr = _at(thr, logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
-                    pred = b / max(corr, _EPS)
-                else:
-                    g = effects.get(q)
-                    pred = b * _at(row.curve.get(q), logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
-                out.setdefault(q, []).append((i, o / pred - 1.0))
+        key = (start, stop, prefix[stop - 1])  # the digest covers the fit's prefix and the block's rows
+        blk = _cached(_BLOCK_RESIDUALS, key)
+        if blk is None:
+            speed, effects = _prefix_fit(rows, y_speed, ok, start, prefix)
+            blk = _put(_BLOCK_RESIDUALS, key, _block_residuals(rows, start, stop, speed, effects))
+        for i, q, v in blk:
+            out.setdefault(q, []).append((i, v))
     hist = {q: ([rows[i].scope for i, _ in v], np.array([x for _, x in v])) for q, v in out.items()}
     sel = [i for i, row in enumerate(rows) if "slo_margin" in row.predicted and "slo_margin" in row.observed]
     if sel:
