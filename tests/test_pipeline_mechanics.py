@@ -265,12 +265,7 @@ def test_a_keeps_gateway_weights_are_applied_committed_and_undone_by_keep_all(rt
     rt.proposers["reweigh"] = lambda ctx: Plan(proposer="reweigh", actions=[
         Action(job_id="job-0", type=ActionType.KEEP, route_weights={ids[0]: 1.0, ids[1]: 2.0}),
         Action(job_id="job-1", type=ActionType.PLACE, ladder=Ladder(ranks=[rank()]))])
-    with session_scope(rt.engine) as s:
-        found = load_checkpoint(s, CLUSTER)
-        w = LedgerWorld.restore(decode_checkpoint(found[1]))
-        w.fail_launches.add("job-1")
-        from koi.pipeline.world import encode_checkpoint, save_checkpoint
-        save_checkpoint(s, CLUSTER, found[0], encode_checkpoint(w.checkpoint(), w.now()))
+    _edit_world(rt, lambda w: w.fail_launches.add("job-1"))
     r = run_tick(rt, CLUSTER, 2)
     assert r.outcome is TickOutcome.FALLBACK and r.compensation.undone == 2
     assert weights() == {ids[0]: 3.0, ids[1]: 1.0}
