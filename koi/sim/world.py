@@ -675,13 +675,12 @@ class World:
         victims = booting[:k]
         if len(victims) == k:
             return victims
-        serving = [i for i in active if i not in set(victims)]
+        chosen = set(victims)
         by_inst: dict[int, list[int]] = {}
-        for i in serving:
+        for i in (i for i in active if i not in chosen):
             for iid in self.replicas[i].instances:
                 by_inst.setdefault(iid, []).append(i)
         order = sorted(by_inst, key=lambda iid: (len(rk.hosted.get(iid, by_inst[iid])), -max(by_inst[iid])))
-        chosen = set(victims)
         for iid in order:
             for i in sorted(by_inst[iid], reverse=True):
                 if len(victims) < k and i not in chosen:
