@@ -223,3 +223,19 @@ def test_prequential_blocks_are_stable_as_the_perfdb_grows_and_kept_fits_change_
     calls.clear()
     ResidualModel.fit(changed)
     assert [n for n in calls if n < 60] == residual._block_bounds(60, None)[1:-1]
+
+
+def test_factor_row_is_every_factor_of_the_scope_in_effect_order(records):
+    """The planner's one-lookup-per-scope path gives exactly the per-quantity factors (memoized or not)."""
+    from koi.planning.surrogate_adapter import memo_residuals
+
+    m = ResidualModel.fit(records)
+    memo = memo_residuals(m)
+    for rank in (H100_RANK, A100_RANK):
+        sc = scope_of(rank)
+        for skip in ((), ("gpu",)):
+            want = tuple(m.factor(q, sc, skip) for q in m.effects)
+            assert m.factor_row(sc, skip) == want
+            assert memo.factor_row(sc, skip) == want == memo.factor_row(sc, skip)
+    assert any(abs(f - 1.0) > 1e-3 for f in m.factor_row(scope_of(H100_RANK)))  # something was learned
+    assert ResidualModel.fit([]).factor_row(scope_of(H100_RANK)) == ()

@@ -190,7 +190,7 @@ class SurrogatePredictor:
         idx = np.flatnonzero(finite)
         if len(idx):
             b = self.surrogate.predict_many(job, [chains[i] for i in idx], offered_rps=np.maximum(rps[idx], 1e-9),  # type: ignore[attr-defined]
-                                            n_replicas=1, with_capacity=False)
+                                            n_replicas=1, with_capacity=False, with_base=False)
             t1 = np.where(b.feasible, b.values["p99_ttft_ms"], np.inf)
             t2 = np.where(b.feasible, b.values["p99_tpot_ms"], np.inf)
             ttft[idx] = np.nan_to_num(t1, nan=np.inf)
@@ -199,7 +199,7 @@ class SurrogatePredictor:
 
     def rank_values(self, job: Job, chain: Chain, n_replicas: int, rank_rps: float) -> dict[str, float]:
         b = self.surrogate.predict_many(job, [chain], offered_rps=max(rank_rps, 1e-9), n_replicas=n_replicas,  # type: ignore[attr-defined]
-                                        with_capacity=False)
+                                        with_capacity=False, with_base=False)
         return {k: float(v[0]) for k, v in b.values.items() if np.isfinite(v[0])}
 
     def rank_values_many(self, job: Job, chains: Sequence[Chain], n_replicas: Sequence[int],
@@ -224,7 +224,7 @@ class SurrogatePredictor:
     def _rank_values_many(self, job: Job, chains: Sequence[Chain], n_replicas: Sequence[int],
                           rank_rps: Sequence[float]) -> list[dict[str, float]]:
         b = self.surrogate.predict_many(job, list(chains), offered_rps=np.maximum(np.asarray(rank_rps, dtype=float), 1e-9),  # type: ignore[attr-defined]
-                                        n_replicas=np.asarray(n_replicas), with_capacity=False)
+                                        n_replicas=np.asarray(n_replicas), with_capacity=False, with_base=False)
         return [{k: float(v[i]) for k, v in b.values.items() if np.isfinite(v[i])} for i in range(len(chains))]
 
     def residuals(self, objective: str, job: Job, chain: Chain) -> np.ndarray | None:
@@ -287,6 +287,13 @@ class _MemoMixin:
         v = self._get(k, scope)
         if v is _MISS:
             v = self._put(k, scope, super().factor(quantity, scope, skip))  # type: ignore[misc]
+        return v
+
+    def factor_row(self, scope: Any, skip: tuple[str, ...] = ()) -> tuple[float, ...]:
+        k = ("factor_row", id(scope), skip)
+        v = self._get(k, scope)
+        if v is _MISS:
+            v = self._put(k, scope, super().factor_row(scope, skip))  # type: ignore[misc]
         return v
 
     def support(self, scope: Any) -> int:

@@ -349,9 +349,13 @@ class Surrogate:
         f["b_cap"] = np.maximum(np.minimum(np.minimum(f["mseq"], np.floor(f["b_kv"])), B_GRID[-1]), 1.0)
         return _Prep(d, rows, f, flags)
 
-    def _run(self, prep: _Prep, lam_replica: np.ndarray, closed: np.ndarray | None = None
+    def _run(self, prep: _Prep, lam_replica: np.ndarray, closed: np.ndarray | None = None, *, mediators: bool = True
              ) -> tuple[queueing.LoadResult, dict[str, np.ndarray]]:  # fmt: skip
-        """Steady state of prepared candidates at per-replica rates (or closed-loop concurrencies)."""
+        """Steady state of prepared candidates at per-replica rates (or closed-loop concurrencies).
+
+        ``mediators=False`` skips the time-averaged communication and bubble shares (the extra dict then
+        holds only the prepared scalars): the capacity search and the saturation solve read latencies and
+        rates only, and the averages over the population's atoms cost a third of a small solve."""
         d, rows, f, ix = prep.d, prep.rows, prep.f, prep.index
         n = len(f["dp"])
         ones = np.ones(n)
@@ -374,6 +378,8 @@ class Surrogate:
             rows=ix,
         )
         res = queueing.solve(inp) if closed is None else queueing.solve_closed_loop(inp, closed)
+        if not mediators:
+            return res, f
         share = res.prefill_share[:, None]
         n_at = res.atoms.shape[1]
         row_of = np.repeat(np.arange(n) if ix is None else ix, n_at)
@@ -403,7 +409,7 @@ class Surrogate:
 
     def _saturation(self, prep: _Prep) -> np.ndarray:
         """Per-replica saturation req/s, solved at full batch (so prompt cost is taken at B_cap)."""
-        res, x = self._run(prep, np.full(len(prep.flags), 1e12))
+        res, x = self._run(prep, np.full(len(prep.flags), 1e12), mediators=False)
         return res.lam_sat * x["dp"]
 
     def _values(
@@ -472,6 +478,7 @@ class Surrogate:
         seconds_left: float | None = None,
         with_capacity: bool = True,
         speed: float | Sequence[float] | np.ndarray | None = None,
+        with_base: bool = True,
     ) -> BatchPrediction:
         """Predictions for many candidate ranks of one job (the planner's hot path).
 
@@ -482,7 +489,10 @@ class Surrogate:
         skips the capacity search (``capacity_rps`` is then 0) for scoring at a fixed load only.
         ``speed`` multiplies every iteration time of each candidate (a what-if, and how the
         residual learner probes the physics); the learned speed of the candidate's scope
-        (:meth:`ResidualModel.speed`) is applied on top.
+        (:meth:`ResidualModel.speed`) is applied on top. ``with_base=False`` skips the physics-only
+        run a learned surrogate makes for ``base_values`` (then NaN; the ``kv_preemption`` flag reads
+        the corrected KV pressure): the planner's latency and rank-value lookups read only ``values``,
+        and the second run is a third of their cost. ``values`` are the same either way.
         """
         try:
             arch = catalog.model(job.model)
@@ -528,7 +538,8 @@ class Surrogate:
             spd = self._speeds(sc, skips)
             what_if = np.ones(len(idx)) if speed is None else np.broadcast_to(np.asarray(speed, dtype=float), (n,))[idx]
             learned = bool(np.any(spd != 1.0))
-            if learned:
+            base_run = learned and with_base
+            if base_run:
                 # the base (physics alone, what PerfDB stores and the learner inverts) needs its own run
                 base_prep = self._prepare(arch, d, ph)
                 base_prep.scale(what_if)
@@ -536,7 +547,7 @@ class Surrogate:
             # saturation first (needed when a batch job runs saturated), then the offered load
             sat_rep = self._saturation(prep)
             off = offered[idx]
-            if learned:
+            if base_run:
                 sat_base = self._saturation(base_prep)
                 lam_rep = np.where(np.isnan(off), sat_rep * n_rep[idx] * BATCH_LOAD, off) / n_rep[idx]
                 res_b, x_b = self._run(base_prep, np.where(np.isnan(off), sat_base * BATCH_LOAD, lam_rep))
@@ -548,14 +559,15 @@ class Surrogate:
             v = self._values(arch, d, res, x, n_rep[idx], np.isnan(off))
             corr = self._correct(v, sc, skips)
             corr["throughput_tokens_per_sec"] = np.minimum(corr["throughput_tokens_per_sec"], sat_rep * n_rep[idx] * d.osl)
-            if learned:
+            if base_run:
                 v = v_base
             # capacity (per replica) under the cap and targets, corrected
             cap_rep, limited = self._capacity(job, prep, sat_rep, sc, skips) if with_capacity else (np.zeros(len(idx)), [])
             cap[idx], sat[idx] = cap_rep, sat_rep
             for k in names:
                 if k in v:
-                    base[k][idx] = v[k]
+                    if with_base:
+                        base[k][idx] = v[k]
                     vals[k][idx] = corr[k]
             for j, i in enumerate(idx):
                 extra_flags = list(fl[j])
@@ -623,13 +635,19 @@ class Surrogate:
         if not self.residuals.n_records:
             return {k: a.copy() for k, a in v.items()}
         out = {}
-        fac = {
-            q: np.array([self.residuals.factor(q, s, sk) for s, sk in zip(scopes, skips, strict=True)])
-            for q in self.residuals.effects
-        }
+        fac = self._factor_columns(scopes, skips)
         for k, a in v.items():
             out[k] = a * fac[k] if k in fac else a.copy()
         return out
+
+    def _factor_columns(self, scopes: list[Scope], skips: list[tuple[str, ...]]) -> dict[str, np.ndarray]:
+        """Learned output factors of the candidates' scopes, quantity -> (n,) (one lookup per scope)."""
+        rm = self.residuals
+        qs = list(rm.effects)
+        if not scopes:
+            return {q: np.zeros(0) for q in qs}
+        rows = np.array([rm.factor_row(s, sk) for s, sk in zip(scopes, skips, strict=True)], dtype=float)
+        return {q: rows[:, i] for i, q in enumerate(qs)}
 
     def _capacity(
         self, job: Job, prep: _Prep, sat_rep: np.ndarray, scopes: list[Scope], skips: list[tuple[str, ...]]
@@ -643,8 +661,9 @@ class Surrogate:
         """
         m = len(sat_rep)
         if self.residuals.n_records:
-            f_tpot = np.array([self.residuals.factor("p99_tpot_ms", s, k) for s, k in zip(scopes, skips, strict=True)])
-            f_ttft = np.array([self.residuals.factor("p99_ttft_ms", s, k) for s, k in zip(scopes, skips, strict=True)])
+            fac = self._factor_columns(scopes, skips)
+            f_tpot = fac.get("p99_tpot_ms", np.ones(m))
+            f_ttft = fac.get("p99_ttft_ms", np.ones(m))
         else:
             f_tpot = f_ttft = np.ones(m)
         sat = sat_rep  # the learned speed is already in the prepared tables
@@ -654,7 +673,7 @@ class Surrogate:
 
         def slack(sub: _Prep, lam: np.ndarray, fi: np.ndarray, fp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             """log of the worse of (p99 TTFT / target, p99 TPOT / target): ≤ 0 where both hold."""
-            r, _ = self._run(sub, lam)
+            r, _ = self._run(sub, lam, mediators=False)
             a = (r.ttft_p99 + sub.f["request_s"]) * 1e3 * fi / tt_t
             b = r.tpot_p99 * 1e3 * fp / tp_t
             return np.log(np.maximum(np.maximum(a, b), 1e-12)), a >= b

@@ -91,6 +91,7 @@ CORRECTED: tuple[str, ...] = (
 )
 #: Grid of iteration-time multipliers on which each record's physics is probed (1/3 … 3).
 SPEED_GRID = np.exp(np.linspace(-math.log(3.0), math.log(3.0), 25))
+_LOG_SPEED_GRID = np.log(SPEED_GRID)
 SPEED_CLIP = math.log(3.0)
 OUTPUT_CLIP = math.log(3.0)
 OUTPUT_PRIOR_SCALE = 2.0
@@ -258,13 +259,13 @@ def _invert(curve: np.ndarray, target: float) -> float:
     c = np.maximum.accumulate(curve)
     lt = math.log(max(target, _EPS))
     lc = np.log(np.maximum(c, _EPS))
-    return float(np.interp(lt, lc, np.log(SPEED_GRID)))
+    return float(np.interp(lt, lc, _LOG_SPEED_GRID))
 
 
 def _at(curve: np.ndarray | None, logf: float) -> float:
     if curve is None:
         return 1.0
-    return float(np.interp(logf, np.log(SPEED_GRID), curve))
+    return float(np.interp(logf, _LOG_SPEED_GRID, curve))
 
 
 @dataclass(frozen=True)
@@ -400,6 +401,16 @@ class ResidualModel:
 
     def factors(self, scope: Scope, skip: tuple[str, ...] = ()) -> dict[str, float]:
         return {q: self.factor(q, scope, skip) for q in self.effects}
+
+    def factor_row(self, scope: Scope, skip: tuple[str, ...] = ()) -> tuple[float, ...]:
+        """:meth:`factor` of every quantity of :attr:`effects`, in that order, for one scope.
+
+        The planner corrects every quantity of the same candidates: one call per scope instead of one
+        per (quantity, scope), with the scope's effect keys looked up once. Each value is computed
+        exactly as :meth:`factor` computes it (same terms, same order of summation)."""
+        keys = tuple((e, k) for e, k in zip(EFFECTS, effect_keys(scope), strict=True) if e not in skip)
+        return tuple(float(math.exp(float(sum(eff.theta[e].get(k, 0.0) for e, k in keys))))
+                     for eff in self.effects.values())
 
     def support(self, scope: Scope) -> int:
         """Records in exactly this fine scope (any quantity)."""
