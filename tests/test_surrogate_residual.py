@@ -239,3 +239,47 @@ def test_factor_row_is_every_factor_of_the_scope_in_effect_order(records):
             assert memo.factor_row(sc, skip) == want == memo.factor_row(sc, skip)
     assert any(abs(f - 1.0) > 1e-3 for f in m.factor_row(scope_of(H100_RANK)))  # something was learned
     assert ResidualModel.fit([]).factor_row(scope_of(H100_RANK)) == ()
+
+
+def test_the_joint_coded_fit_equals_one_fit_per_quantity(records):
+    """Each fit stage encodes the rows' levels once and fits the quantities observed on the same records
+    together; every learned value is exactly what one plain ridge backfit per quantity gives."""
+    import math
+
+    from koi.surrogate import residual as R
+    from koi.surrogate.scope import EFFECTS, effect_keys
+
+    mixed = records + biased_records(12, bias=0.8, rank=A100_RANK)
+    for i, r in enumerate(mixed[::3]):  # some records without a throughput: another subset of rows
+        mixed[3 * i] = r.model_copy(update={"observed_y": {k: v for k, v in r.observed_y.items()
+                                                           if k != "throughput_tokens_per_sec"}})
+    rows = [R._Row(r.config.engine_name, R.scope_of_record(r), dict(r.predicted), {**r.observed_v, **r.observed_y},
+                   R._ratio_curves(cv), int(r.tick)) for r, cv in zip(mixed, R.physics_curves(mixed), strict=True)]
+    y_speed, ok = R.ResidualModel._speed_targets(rows)
+    speed, effects = R.ResidualModel._fit_stage(rows, y_speed, ok)
+
+    def keys(ix):  # noqa: ANN001, ANN202
+        ks = [effect_keys(rows[i].scope) for i in ix]
+        return {e: [k[j] for k in ks] for j, e in enumerate(EFFECTS)}
+
+    sel = np.flatnonzero(ok)
+    ref_speed = R._fit_effects(keys(sel), y_speed[sel])
+    assert speed == ref_speed
+    logf = [ref_speed.log_factor(r.scope) for r in rows]
+    n_subsets = set()
+    for q in R.CORRECTED:
+        ix, ys = [], []
+        for i, row in enumerate(rows):
+            o, b = row.observed.get(q, 0.0), row.predicted.get(q, 0.0)
+            if o > 1e-9 and b > 1e-9 and math.isfinite(o) and math.isfinite(b):
+                pred = b * R._at(row.curve.get(q), logf[i])
+                if pred > 1e-9:
+                    ix.append(i)
+                    ys.append(math.log(o / pred))
+        if ix:
+            n_subsets.add(tuple(ix))
+            ref = R._fit_effects(keys(ix), np.clip(np.array(ys), -R.OUTPUT_CLIP, R.OUTPUT_CLIP), R.OUTPUT_PRIOR_SCALE)
+            assert effects[q] == ref, q
+        else:
+            assert q not in effects
+    assert len(n_subsets) >= 2 and len(effects) >= 4

@@ -385,8 +385,8 @@ class Surrogate:
         row_of = np.repeat(np.arange(n) if ix is None else ix, n_at)
         b_atoms = np.maximum(res.atoms, 1.0).ravel()
 
-        def at_atoms(table: np.ndarray) -> np.ndarray:
-            return queueing.interp_rows(B_GRID, table, b_atoms, row_of).reshape(n, n_at)
+        comm_dec, comm_pf, bub_dec = (a.reshape(n, n_at) for a in queueing.interp_rows_many(
+            B_GRID, (rows["comm_dec"], rows["comm_pf"], rows["bub_dec"]), b_atoms, row_of))
 
         # Time averages over the engine's busy time (the telemetry's definition): each state of the
         # running batch weighs its stationary probability; the idle state only while a prompt is
@@ -395,9 +395,8 @@ class Surrogate:
         w = res.weights * busy
         wsum = np.maximum(w.sum(axis=1), 1e-300)
         extra = dict(f)
-        extra["comm"] = np.sum(w * ((1 - share) * at_atoms(rows["comm_dec"]) + share * at_atoms(rows["comm_pf"])),
-                               axis=1) / wsum
-        extra["bubble"] = np.sum(w * at_atoms(rows["bub_dec"]), axis=1) / wsum
+        extra["comm"] = np.sum(w * ((1 - share) * comm_dec + share * comm_pf), axis=1) / wsum
+        extra["bubble"] = np.sum(w * bub_dec, axis=1) / wsum
         return res, extra
 
     def _solve(self, arch: ModelArch, d: WorkloadDigest, phys: list[ChainPhysics], lam_replica: np.ndarray, *,

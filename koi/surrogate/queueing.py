@@ -118,12 +118,20 @@ class LoadResult:
 
 def interp_rows(b_grid: np.ndarray, table: np.ndarray, b: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """Row-wise piecewise-linear interpolation of ``table[rows[i]]`` at ``b[i]`` (clamped to the grid)."""
+    return interp_rows_many(b_grid, (table,), b, rows)[0]
+
+
+def interp_rows_many(b_grid: np.ndarray, tables: tuple[np.ndarray, ...], b: np.ndarray,
+                     rows: np.ndarray | None = None) -> list[np.ndarray]:
+    """:func:`interp_rows` of several tables at the same points: the segment and weight are found once
+    (the solver reads the decode and prompt tables at the same batch sizes)."""
     b = np.minimum(np.maximum(b, b_grid[0]), b_grid[-1])
     j = np.minimum(np.searchsorted(b_grid, b, side="right") - 1, len(b_grid) - 2)
     lo, hi = b_grid[j], b_grid[j + 1]
     w = (b - lo) / (hi - lo)
     r = np.arange(len(b)) if rows is None else rows
-    return table[r, j] * (1.0 - w) + table[r, j + 1] * w
+    j1, w1 = j + 1, 1.0 - w
+    return [t[r, j] * w1 + t[r, j1] * w for t in tables]
 
 
 def _poisson_q99(m: np.ndarray) -> np.ndarray:
@@ -236,8 +244,7 @@ def solve(inp: LoadInputs) -> LoadResult:
         return np.where(inp.chunked, ch, np.maximum(isl, 1.0))
 
     # ---- saturation: μ(B_cap) with the prompt load of λ itself: λ = B/(n·t + B·isl·c) -----------------
-    t_cap = interp_rows(bg, inp.t_dec, b_cap, rows)
-    c_cap = interp_rows(bg, inp.c_pf, b_cap, rows)
+    t_cap, c_cap = interp_rows_many(bg, (inp.t_dec, inp.c_pf), b_cap, rows)
     lam_sat_dec = b_cap / (ndec * t_cap + b_cap * inp.isl * c_cap)
     t_step_cap = t_cap / np.maximum(1.0 - lam_sat_dec * inp.isl * c_cap, 1e-6)
     lam_sat_budget = np.where(inp.chunked, chunk_at(b_cap, inp.isl) / np.maximum(inp.isl * t_step_cap, 1e-12), np.inf)
@@ -252,9 +259,7 @@ def solve(inp: LoadInputs) -> LoadResult:
     batch = np.where(saturated, b_cap, e_n)
     # iteration time at the mean population (what a sequence rides with)
     b_at = np.clip(batch, 1.0, b_cap)
-    t_dec_b = interp_rows(bg, inp.t_dec, b_at, rows)
-    c_b = interp_rows(bg, inp.c_pf, b_at, rows)
-    c99_b = interp_rows(bg, inp.c_pf_p99, b_at, rows)
+    t_dec_b, c_b, c99_b = interp_rows_many(bg, (inp.t_dec, inp.c_pf, inp.c_pf_p99), b_at, rows)
     pf_time = inp.isl * c_b
     t_iter = t_dec_b / np.maximum(1.0 - lam_s * pf_time, 1e-6)
     # mean TPOT by Little's law over the decode loop (≥ one iteration at the mean batch)
@@ -303,7 +308,8 @@ def solve(inp: LoadInputs) -> LoadResult:
     # population wander averaged over the request's lifetime (OU approximation)
     sd = np.sqrt(var_n)
     b_hi = np.clip(b_at + np.maximum(sd, 1.0), 1.0, b_cap)
-    t_hi = interp_rows(bg, inp.t_dec, b_hi, rows) / np.maximum(1.0 - lam_s * inp.isl * interp_rows(bg, inp.c_pf, b_hi, rows), 1e-6)
+    t_dec_hi, c_hi = interp_rows_many(bg, (inp.t_dec, inp.c_pf), b_hi, rows)
+    t_hi = t_dec_hi / np.maximum(1.0 - lam_s * inp.isl * c_hi, 1e-6)
     mu_at = b_at / (ndec * t_iter)
     mu_hi = b_hi / (ndec * t_hi)
     dmu = np.maximum((mu_hi - mu_at) / np.maximum(b_hi - b_at, 1e-9), 1e-9)
@@ -312,7 +318,8 @@ def solve(inp: LoadInputs) -> LoadResult:
     k = np.maximum(tau / np.maximum(life, 1e-12), 1e-9)
     avg_var = var_n * np.minimum(2.0 * k * (1.0 - k * (-np.expm1(-1.0 / k))), 1.0)
     b99 = np.clip(b_at + Z99 * np.sqrt(avg_var), 1.0, b_cap)
-    t99 = interp_rows(bg, inp.t_dec, b99, rows) / np.maximum(1.0 - lam_s * inp.isl * interp_rows(bg, inp.c_pf, b99, rows), 1e-6)
+    t_dec_99, c_99 = interp_rows_many(bg, (inp.t_dec, inp.c_pf), b99, rows)
+    t99 = t_dec_99 / np.maximum(1.0 - lam_s * inp.isl * c_99, 1e-6)
     t99 = np.maximum(t99 * t_step / np.maximum(t_iter, 1e-12), t_step)
     # prompt interference inside a short request's lifetime
     n_short = np.maximum(inp.osl_p05 - 1.0, 1.0)

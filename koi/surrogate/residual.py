@@ -136,23 +136,57 @@ def _fit_effects(keys: dict[str, list[str]], y: np.ndarray, prior_scale: float =
     for e in EFFECTS:
         uniq, inv = np.unique(np.asarray(keys[e], dtype=object), return_inverse=True)
         idx[e], levels[e] = inv.astype(np.intp), [str(u) for u in uniq]
+    return _backfit(idx, levels, np.asarray(y, dtype=float)[:, None], prior_scale)[0]
+
+
+def _backfit(idx: dict[str, np.ndarray], levels: dict[str, list[str]], Y: np.ndarray, prior_scale: float
+             ) -> list[_Effects]:  # fmt: skip
+    """Ridge backfitting of each column of ``Y`` (n × Q) on the same one-hot effects.
+
+    The columns share the records, so the partial residuals of all of them are formed at once; each
+    column's arithmetic is exactly the single-column fit's (same terms, same order, one bincount each).
+    """
+    Q = Y.shape[1]
     n_per = {e: np.bincount(idx[e], minlength=len(levels[e])).astype(float) for e in EFFECTS}
-    theta = {e: np.zeros(len(levels[e])) for e in EFFECTS}
+    theta = {e: np.zeros((len(levels[e]), Q)) for e in EFFECTS}
     for _ in range(BACKFIT_ITERS):
         for e in EFFECTS:
-            partial = y - sum(theta[o][idx[o]] for o in EFFECTS if o != e)
-            k = PRIOR_STRENGTH[e] * prior_scale
-            theta[e] = np.bincount(idx[e], weights=partial, minlength=len(levels[e])) / (n_per[e] + k)
-    return _Effects(
-        theta={e: dict(zip(levels[e], theta[e].tolist(), strict=True)) for e in EFFECTS},
-        counts={e: dict(zip(levels[e], n_per[e].astype(int).tolist(), strict=True)) for e in EFFECTS},
-    )
+            partial = Y - sum(theta[o][idx[o]] for o in EFFECTS if o != e)
+            den = n_per[e] + PRIOR_STRENGTH[e] * prior_scale
+            t = np.empty((len(levels[e]), Q))
+            for c in range(Q):
+                t[:, c] = np.bincount(idx[e], weights=partial[:, c], minlength=len(levels[e])) / den
+            theta[e] = t
+    counts = {e: dict(zip(levels[e], n_per[e].astype(int).tolist(), strict=True)) for e in EFFECTS}
+    return [_Effects(theta={e: dict(zip(levels[e], theta[e][:, c].tolist(), strict=True)) for e in EFFECTS},
+                     counts=counts) for c in range(Q)]
 
 
-def _keys_of(rows: Sequence[_Row], idx: Sequence[int] | np.ndarray) -> dict[str, list[str]]:
-    """Each effect's level key of the rows at ``idx`` (``_fit_effects``'s input)."""
-    ks = [effect_keys(rows[i].scope) for i in idx]
-    return {e: [k[j] for k in ks] for j, e in enumerate(EFFECTS)}
+@dataclass(frozen=True)
+class _Coded:
+    """Every row's level of every effect as an index into that effect's sorted levels (built once per fit
+    stage: the speed and the output fits of one stage select subsets of the same rows)."""
+
+    levels: dict[str, np.ndarray]  # effect -> sorted unique keys (object array)
+    codes: dict[str, np.ndarray]  # effect -> (n_rows,) index into levels
+
+    @classmethod
+    def of(cls, rows: Sequence[_Row]) -> _Coded:
+        ks = [effect_keys(r.scope) for r in rows]
+        levels, codes = {}, {}
+        for j, e in enumerate(EFFECTS):
+            uniq, inv = np.unique(np.asarray([k[j] for k in ks], dtype=object), return_inverse=True)
+            levels[e], codes[e] = uniq, inv.astype(np.intp).ravel()
+        return cls(levels, codes)
+
+    def subset(self, rows: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
+        """``_fit_effects``'s encoding of the rows at ``rows``: the same sorted levels and inverse indices
+        ``np.unique`` gives on their keys (the subset's codes are ranks in the same sorted order)."""
+        idx, levels = {}, {}
+        for e in EFFECTS:
+            u, inv = np.unique(self.codes[e][rows], return_inverse=True)
+            idx[e], levels[e] = inv.astype(np.intp).ravel(), [str(x) for x in self.levels[e][u]]
+        return idx, levels
 
 
 def _empty_effects() -> _Effects:
@@ -341,10 +375,14 @@ class ResidualModel:
     @staticmethod
     def _fit_stage(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray) -> tuple[_Effects, dict[str, _Effects]]:
         """Both stages on ``rows`` (speed effects, then output effects given the fitted speeds)."""
+        if not rows:
+            return _empty_effects(), {}
+        coded = _Coded.of(rows)
         sel = np.flatnonzero(ok)
-        speed = _fit_effects(_keys_of(rows, sel), y_speed[sel]) if len(sel) else _empty_effects()
+        speed = _backfit(*coded.subset(sel), y_speed[sel][:, None], 1.0)[0] if len(sel) else _empty_effects()
         logf = np.array([speed.log_factor(r.scope) for r in rows])
-        effects: dict[str, _Effects] = {}
+        # the output targets of each quantity; quantities observed on the same records are fitted together
+        by_rows: dict[tuple[int, ...], list[tuple[str, np.ndarray]]] = {}
         for q in CORRECTED:
             idx, ys = [], []
             for i, row in enumerate(rows):
@@ -355,7 +393,13 @@ class ResidualModel:
                         idx.append(i)
                         ys.append(math.log(o / pred))
             if idx:
-                effects[q] = _fit_effects(_keys_of(rows, idx), np.clip(np.array(ys), -OUTPUT_CLIP, OUTPUT_CLIP), OUTPUT_PRIOR_SCALE)
+                by_rows.setdefault(tuple(idx), []).append((q, np.clip(np.array(ys), -OUTPUT_CLIP, OUTPUT_CLIP)))
+        fitted: dict[str, _Effects] = {}
+        for idx_t, qs in by_rows.items():
+            Y = np.stack([y for _q, y in qs], axis=1)
+            for (q, _y), eff in zip(qs, _backfit(*coded.subset(np.asarray(idx_t)), Y, OUTPUT_PRIOR_SCALE), strict=True):
+                fitted[q] = eff
+        effects = {q: fitted[q] for q in CORRECTED if q in fitted}
         return speed, effects
 
     @classmethod
