@@ -689,14 +689,18 @@ class Surrogate:
             lo = np.log(np.maximum(1e-3 * sat[fail], 1e-9))
             hi = np.log(top[fail])
             w_lo, _ = slack(sub, np.exp(lo), fi, fp)
-            possible = w_lo <= 0.0
-            for _ in range(CAP_BISECT):
-                mid = 0.5 * (lo + hi)
-                w_mid, _ = slack(sub, np.exp(mid), fi, fp)
-                good = w_mid <= 0.0
-                lo = np.where(good, mid, lo)
-                hi = np.where(good, hi, mid)
-            cap[fail] = np.where(possible, np.exp(lo), 0.0)
+            possible = np.flatnonzero(w_lo <= 0.0)
+            cap[fail] = 0.0
+            if len(possible):  # only those meeting both targets near idle are bisected (rows are independent)
+                sub = sub.take(possible) if len(possible) < len(fail) else sub
+                fi, fp, lo, hi = fi[possible], fp[possible], lo[possible], hi[possible]
+                for _ in range(CAP_BISECT):
+                    mid = 0.5 * (lo + hi)
+                    w_mid, _ = slack(sub, np.exp(mid), fi, fp)
+                    good = w_mid <= 0.0
+                    lo = np.where(good, mid, lo)
+                    hi = np.where(good, hi, mid)
+                cap[fail[possible]] = np.exp(lo)
         return cap, limited
 
     # ---- public: one rank, one ladder, capacity ------------------------------------------------------------
