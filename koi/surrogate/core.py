@@ -721,7 +721,10 @@ class Surrogate:
         """Max sustainable req/s (and output tok/s) of ONE replica of ``chain`` for ``job``."""
         return self.capacity_many(job, [chain])[0]
 
-    def capacity_many(self, job: Job, chains: Sequence[Chain]) -> list[Capacity]:
+    def capacity_many(self, job: Job, chains: Sequence[Chain], *,
+                      speed: float | Sequence[float] | np.ndarray | None = None) -> list[Capacity]:
+        """Per-replica capacity of each chain for ``job``; ``speed`` multiplies each chain's iteration
+        times on top of the learned speed (a what-if, as in :meth:`predict_many`)."""
         try:
             arch = catalog.model(job.model)
         except catalog.CatalogError as exc:
@@ -740,7 +743,10 @@ class Surrogate:
             chains = list(chains)
             sc = [_scope(job, chains[i], arch) for i in idx]
             skips = [_NEAREST_SKIP if any(f.startswith("nearest_arch:") for f in fl[j]) else () for j in range(len(idx))]
-            prep.scale(self._speeds(sc, skips))
+            spd = self._speeds(sc, skips)
+            if speed is not None:
+                spd = spd * np.broadcast_to(np.asarray(speed, dtype=float), (len(chains),))[idx]
+            prep.scale(spd)
             sat = self._saturation(prep)
             cap, limited = self._capacity(job, prep, sat, sc, skips)
             for j, i in enumerate(idx):

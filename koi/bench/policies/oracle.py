@@ -33,7 +33,6 @@ ordinary (fresh) surrogate, as it validates everyone's.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,7 +94,6 @@ class OracleSurrogate(Surrogate):
         super().__init__(**kw)
         self.truth = truth
         self.now = float(now)
-        self._extra: float | None = None
 
     def hidden_speed(self, job: Job, chains: Sequence[Chain]) -> np.ndarray:
         """Iteration-time multiplier of each chain for ``job`` (1 where no effect applies)."""
@@ -117,28 +115,16 @@ class OracleSurrogate(Surrogate):
             f = f * np.broadcast_to(np.asarray(speed, dtype=float), (len(chains),))
         return super().predict_many(job, chains, speed=f, **kw)
 
-    def capacity_many(self, job: Job, chains: Sequence[Chain]) -> list[Any]:
+    def capacity_many(self, job: Job, chains: Sequence[Chain], *, speed: Any = None) -> list[Any]:
+        """Capacities under the hidden multipliers; each is rounded to 12 digits (the capacity search is
+        insensitive below that, and equal effects give bit-equal speeds)."""
         chains = list(chains)
         if not chains:
             return []
-        f = self.hidden_speed(job, chains)
-        groups: dict[float, list[int]] = defaultdict(list)
-        for i, x in enumerate(f):
-            groups[round(float(x), 12)].append(i)
-        out: list[Any] = [None] * len(chains)
-        for x, idx in sorted(groups.items()):
-            self._extra = x
-            try:
-                got = super().capacity_many(job, [chains[i] for i in idx])
-            finally:
-                self._extra = None
-            for i, c in zip(idx, got, strict=True):
-                out[i] = c
-        return out
-
-    def _speeds(self, scopes: list[Any], skips: list[tuple[str, ...]]) -> np.ndarray:
-        base = super()._speeds(scopes, skips)
-        return base if self._extra is None else base * self._extra
+        f = np.array([round(float(x), 12) for x in self.hidden_speed(job, chains)])
+        if speed is not None:
+            f = f * np.broadcast_to(np.asarray(speed, dtype=float), (len(chains),))
+        return super().capacity_many(job, chains, speed=f)
 
 
 @dataclass
