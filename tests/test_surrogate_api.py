@@ -242,3 +242,47 @@ def test_cli_prints_one_json_document():
     r = CliRunner().invoke(app, ["surrogate", "predict", "llama-3.1-8b", "H100", "--rate", "3", "--json"])
     assert r.exit_code == 0, r.output
     assert "p99_ttft_ms" in json.loads(r.stdout)["values"]
+
+
+def _sequential_bisect(good, lo, hi, steps):  # noqa: ANN001, ANN202
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        g = good(mid[None, :])[0]
+        lo, hi = np.where(g, mid, lo), np.where(g, hi, mid)
+    return lo
+
+
+@pytest.mark.parametrize("m", [1, 3, 17, 90])
+def test_tree_bisection_is_the_sequential_bisection_bit_for_bit(m):
+    """Several levels of the bisection tree per solve give exactly the sequential halvings, also where
+    the predicate is not monotone (the walk follows the same path, so every midpoint is the same float)."""
+    from koi.surrogate.core import tree_bisect
+
+    rng = np.random.default_rng(m)
+    lo, hi = rng.uniform(-9, 0, m), rng.uniform(0.5, 3, m)
+    cut = rng.uniform(-9, 3, m)
+    calls = []
+
+    def good(mids):  # noqa: ANN001, ANN202
+        calls.append(mids.shape[0])
+        return (mids <= cut) ^ (np.sin(97.0 * mids) > 0.95)  # a threshold, with a few non-monotone spots
+
+    want = _sequential_bisect(good, lo.copy(), hi.copy(), 10)
+    calls.clear()
+    got = tree_bisect(good, lo.copy(), hi.copy(), 10)
+    assert np.array_equal(got, want)
+    assert sum(1 for _ in calls) < 10 if m <= 17 else len(calls) == 10  # fewer solves for few rows
+
+
+def test_capacity_search_is_unchanged_by_batched_bisection(s, monkeypatch):
+    from koi.surrogate import core
+
+    chains = [Chain(env=env(), config=ChainConfig(tp=tp, instance_type="p5.48xlarge")) for tp in (1, 2, 4, 8)]
+    chains += [Chain(env=env("A100-80GB"), config=ChainConfig(tp=tp, instance_type="p4de.24xlarge")) for tp in (1, 2)]
+    jobs = [job(ttft=t, tpot=p) for t, p in ((300.0, 12.0), (800.0, 20.0), (2000.0, 40.0))]
+    batched = [s.capacity_many(j, chains) for j in jobs]
+    monkeypatch.setattr(core, "BISECT_ROWS", 0)  # one level per solve: the plain sequential loop
+    s2 = type(s)()
+    sequential = [s2.capacity_many(j, chains) for j in jobs]
+    assert batched == sequential
+    assert any(0.0 < c.rps < c.saturation_rps * s.utilization_cap for caps in batched for c in caps)  # bisected
