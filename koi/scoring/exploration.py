@@ -29,6 +29,18 @@ the whole testable graph at U = 1, so EIG and Expl(P) are the share of the graph
 uncertainty a ladder or plan would test, in [0, 1], and β ∈ [β_min, β_max] weighs it on
 the same scale as the exploit terms.
 
+Doubt (overview §2: "uncertain relationships identify informative deployments to test but
+increase estimated risk"). Besides U, each edge and mechanism has a *doubt*
+d = max(U(α, β), 1 − c), c = α/(α+β): high while the relationship is untested (U) and high
+once evidence contradicts it (1 − c; a mechanism's β grows with Q4 rows, evaluations in its
+scope where mediators and outcomes both diverged from the prediction, so 1 − c estimates
+how often predictions in that scope fail). d is not normalised — it is a per-relationship
+probability-like score in [0, 1], not a share of the graph. A ladder's doubt
+D(L) = (mean_{e∈L} d_e + ω_m mean_{m∈L} d_m)/(1 + ω_m) over what it exercises (the same
+activation as EIG), 0 when it exercises nothing: a ladder outside every mechanism's scope
+rests on no causal claim, and the surrogate's own uncertainty already widens its band.
+The planner turns D into a wider DRO radius (:mod:`koi.planning.candidates`, "Causal risk").
+
 Choice: keep and defer exercise nothing (they contribute 0 to Φ in the spec, "The
 Cluster Objective"); only ladder-bearing actions count toward Expl(P).
 """
@@ -124,6 +136,9 @@ class ExplorationModel:
     mechanism_ids: tuple[str, ...] = field(init=False)
     u_edge: np.ndarray = field(init=False)
     u_mech: np.ndarray = field(init=False)
+    #: doubt d = max(U, 1 − c) per edge / mechanism, unnormalised (module docstring, "Doubt")
+    d_edge: np.ndarray = field(init=False)
+    d_mech: np.ndarray = field(init=False)
     _mech_edges: list[frozenset[int]] = field(init=False)
     _testable: list[bool] = field(init=False)
     _cache: dict[tuple, Activation] = field(init=False, default_factory=dict)
@@ -138,7 +153,10 @@ class ExplorationModel:
         pos = {e: i for i, e in enumerate(ids)}
         ab = np.array([self.edge_beliefs.get(e, (1.0, 1.0)) for e in ids], dtype=float).reshape(-1, 2)
         self.u_edge = uncertainty(ab[:, 0], ab[:, 1]) if len(ids) else np.zeros(0)
-        self.u_mech = uncertainty(np.array([m.alpha for m in mechs]), np.array([m.beta for m in mechs]))
+        ma, mb = np.array([m.alpha for m in mechs], dtype=float), np.array([m.beta for m in mechs], dtype=float)
+        self.u_mech = uncertainty(ma, mb)
+        self.d_edge = np.maximum(self.u_edge, ab[:, 1] / (ab[:, 0] + ab[:, 1])) if len(ids) else np.zeros(0)
+        self.d_mech = np.maximum(self.u_mech, mb / (ma + mb)) if mechs else np.zeros(0)
         self._mech_edges = [frozenset(pos[e] for e in testable[m.mechanism_id]) for m in mechs]
         self._testable = [bool(testable[m.mechanism_id]) for m in mechs]
         if self.normalise:
@@ -176,6 +194,16 @@ class ExplorationModel:
         e = sum(float(self.u_edge[i]) for i in act.edges)
         m = sum(float(self.u_mech[i]) for i in act.mechanisms)
         return e + self.omega_m * m
+
+    def doubt(self, act: Activation) -> float:
+        """D(L) ∈ [0, 1], the mean doubt of what one ladder exercises (module docstring, "Doubt")."""
+        if not act.mechanisms:
+            return 0.0
+        m = float(self.d_mech[list(act.mechanisms)].mean())
+        if not act.edges:
+            return m
+        e = float(self.d_edge[list(act.edges)].mean())
+        return (e + self.omega_m * m) / (1.0 + self.omega_m)
 
     def expl(self, acts: Iterable[Activation]) -> float:
         """Expl(P) with binary masks: the saturation 1 − Π(1 − a) is the union."""

@@ -72,6 +72,8 @@ class PlanningKnobs(KoiModel):
                                  description="value share of a pending job's ladder that reserving capacity earns")
     explore_slack: float = Field(default=0.05, ge=0,
                                  description="options more than this below a job's best value earn no exploration")
+    causal_risk: float = Field(default=1.0, ge=0,
+                               description="κ, DRO-radius widening per unit of a ladder's causal doubt")
     q: float = Field(default=0.95, gt=0.5, lt=1, description="DRO band quantile")
     unserved_weight: float = Field(default=10.0, ge=0, description="W, unserved-demand penalty per priority unit")
     utilization_cap: float = Field(default=UTILIZATION_CAP, gt=0, le=1, description="online per-replica cap")
