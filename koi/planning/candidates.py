@@ -38,23 +38,25 @@ Choices:
   (GPU type, instance shape) and the result fans out over the pools of that class, which
   differ only in price; an environment-sensitive one is called per pool.
 - **Causal risk** (overview §2: uncertain relationships "increase estimated risk"). A
-  ladder's DRO radius is widened by the doubt D(L) ∈ [0, 1] of the edges and mechanisms it
-  exercises (:meth:`koi.scoring.exploration.ExplorationModel.doubt`: untested, or
-  contradicted by Q4 evidence): ε_L = ε·(1 + κ·D(L)), κ = ``knobs.causal_risk``.
-  ``evaluate_ladders`` computes p_brk at ε and at ε(1 + κ) in one pass (the kernel density
-  is shared), and a kept candidate's p_brk is interpolated between the two by D(L) — exact
-  where the ladder's worst objective does not change between the radii, and always between
-  the two bounds. The activation is the one EIG already uses, so no extra per-candidate
-  feature work. Choices: (1) the widened p_brk enters σ (γ·p_brk) and is what the plan
-  reports, but C3 stays on the surrogate's radius ε (``c3_ok``; the validator and the
-  selector's reservation rule read that flag): C3 is the spec's chance constraint under
-  *prediction* uncertainty, and a gate on a belief-driven radius would defer jobs whose
-  only ladders rest on doubted stories; (2) it is applied after C3 and dominance pruning,
-  to the candidates kept (and the running ladder), so pruning sees the plain σ; (3) κ = 1
-  (default): a ladder resting on fully doubted relationships is judged at twice the
-  slow loop's radius, one resting on confirmed ones at the radius itself. The widening
-  only moves p_brk where the prediction is near its target (where ε·Lip·σ̂ is non-zero).
-  Without an exploration model (no mechanisms: ``koi-nodag``) or with κ = 0 nothing
+  ladder's DRO radius is moved by the excess doubt x(L) of the mechanisms it exercises
+  (:meth:`koi.scoring.exploration.ExplorationModel.doubt`: Σ over its stories of d_m − d̄,
+  d = max(U, 1 − c), i.e. untested or contradicted by Q4 evidence, relative to the average
+  story): ε_L = ε·(1 + κ·x), x clipped to [−1/κ, 1], κ = ``knobs.causal_risk``. A ladder
+  resting on more doubted stories than average is judged on a wider band, one resting on
+  better-supported stories on a narrower one. ``evaluate_ladders`` computes p_brk at ε and at
+  ε(1 + κ) in one pass (the kernel density is shared); a kept candidate's p_brk is the
+  linear interpolation in the radius, exact in the residual regime while the ladder's worst
+  objective does not change (the inflation ε·Lip·σ̂ is linear in ε), first-order on the cold
+  band; it is clipped to [0, 1]. The activation is the one EIG already uses, so there is no
+  extra per-candidate feature work. Choices: (1) the moved p_brk enters σ (γ·p_brk) and is
+  what the plan reports, but C3 stays on the slow loop's radius ε (``c3_ok``; the validator
+  and the selector's reservation rule read that flag): C3 is the spec's chance constraint
+  under *prediction* uncertainty, and gating on a belief-moved radius would defer jobs whose
+  only ladders rest on doubted stories; (2) it is applied after C3 and dominance pruning, to
+  the candidates kept and to the running ladder, so pruning sees the plain σ; (3) the
+  widening only moves p_brk where a prediction is near its target (where ε·Lip·σ̂ ≠ 0), so
+  most ladders are untouched. κ (:class:`koi.scoring.params.PlanningKnobs`) is discussed
+  there. Without an exploration model (no mechanisms: ``koi-nodag``) or with κ = 0 nothing
   changes: the second radius is not even computed.
 """
 
@@ -907,8 +909,7 @@ class CandidateGenerator:
             for c, i in zip(kept, kept_idx, strict=True):
                 self._causal_risk(c, float(all_p_hi[i]))
         if keep_c is not None and keep_eval is not None and keep_eval.p_brk_hi is not None and keep_c.ranks:
-            p0 = float(keep_eval.p_brk[0])
-            p_model = p0 + ctx.exploration.doubt(keep_c.activation) * (float(keep_eval.p_brk_hi[0]) - p0)
+            p_model = self._widened(float(keep_eval.p_brk[0]), float(keep_eval.p_brk_hi[0]), keep_c.activation)
             kp = max(p_model, float(ctx.observed_risk.get(job.job_id, 0.0)))
             keep_c.sigma -= knobs.gamma * (kp - keep_c.p_brk)
             keep_c.p_brk = kp
@@ -943,12 +944,15 @@ class CandidateGenerator:
     def _causal_risk(self, c: Candidate, p_hi: float) -> None:
         """Widen a candidate's DRO radius by its causal doubt (module docstring, "Causal risk"):
         p_brk ← p_brk + D(L)·(p_brk(ε(1+κ)) − p_brk(ε)), and σ's risk term with it (C3 unchanged)."""
-        d = self.ctx.exploration.doubt(c.activation)
-        if d <= 0.0:
-            return
-        p = c.p_brk + d * (p_hi - c.p_brk)
+        p = self._widened(c.p_brk, p_hi, c.activation)
         c.sigma -= self.ctx.knobs.gamma * (p - c.p_brk)
         c.p_brk = p
+
+    def _widened(self, p0: float, p_hi: float, act: Activation) -> float:
+        """p_brk at ε(1 + κ·x), x = excess doubt clipped to [−1/κ, 1], from p_brk at ε and at ε(1 + κ)."""
+        kappa = self.ctx.knobs.causal_risk
+        x = min(max(self.ctx.exploration.doubt(act), -1.0 / kappa), 1.0) if kappa > 0 else 0.0
+        return min(max(p0 + x * (p_hi - p0), 0.0), 1.0)
 
     def _prune_idx(self, idx: np.ndarray, rows_pid: list[str], F: int, hetero: list[tuple[RankSpec, ...]],
                    inst: np.ndarray, sigma: np.ndarray) -> list[int]:

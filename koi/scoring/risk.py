@@ -124,8 +124,7 @@ def breach_probabilities(
             h = np.maximum(1.06 * sigma * r.size ** (-0.2), 1e-9 * np.maximum(np.abs(y), 1e-12))
             z = (t[..., None] - samples) / h[..., None]
             dens = np.mean(np.exp(-0.5 * z * z), axis=-1) * _INV_SQRT_2PI / h
-            lip_sigma = dens * sigma
-            raw.extend(p_emp + e * lip_sigma for e in eps)
+            raw.extend(p_emp + e * dens * sigma for e in eps)  # ε · Lip · σ̂, in the original order
     fin = np.isfinite(t)
     bad = ~np.isfinite(y) & fin
     breached = (np.isnan(y) | ((y > t) if sign > 0 else (y < t))) if np.any(bad) else None
