@@ -37,6 +37,27 @@ Choices:
 - **Hardware classes.** A predictor that is not environment-sensitive predicts once per
   (GPU type, instance shape) and the result fans out over the pools of that class, which
   differ only in price; an environment-sensitive one is called per pool.
+- **Causal risk** (overview §2: uncertain relationships "increase estimated risk"). A
+  ladder's DRO radius is moved by the excess doubt x(L) of the mechanisms it exercises
+  (:meth:`koi.scoring.exploration.ExplorationModel.doubt`: Σ over its stories of d_m − d̄,
+  d = max(U, 1 − c), i.e. untested or contradicted by Q4 evidence, relative to the average
+  story): ε_L = ε·(1 + κ·x), x clipped to [−1/κ, 1], κ = ``knobs.causal_risk``. A ladder
+  resting on more doubted stories than average is judged on a wider band, one resting on
+  better-supported stories on a narrower one. ``evaluate_ladders`` computes p_brk at ε and at
+  ε(1 + κ) in one pass (the kernel density is shared); a kept candidate's p_brk is the
+  linear interpolation in the radius, exact in the residual regime while the ladder's worst
+  objective does not change (the inflation ε·Lip·σ̂ is linear in ε), first-order on the cold
+  band; it is clipped to [0, 1]. The activation is the one EIG already uses, so there is no
+  extra per-candidate feature work. Choices: (1) the moved p_brk enters σ (γ·p_brk) and is
+  what the plan reports, but C3 stays on the slow loop's radius ε (``c3_ok``; the validator
+  and the selector's reservation rule read that flag): C3 is the spec's chance constraint
+  under *prediction* uncertainty, and gating on a belief-moved radius would defer jobs whose
+  only ladders rest on doubted stories; (2) it is applied after C3 and dominance pruning, to
+  the candidates kept and to the running ladder, so pruning sees the plain σ; (3) the
+  widening only moves p_brk where a prediction is near its target (where ε·Lip·σ̂ ≠ 0), so
+  most ladders are untouched. κ (:class:`koi.scoring.params.PlanningKnobs`) is discussed
+  there. Without an exploration model (no mechanisms: ``koi-nodag``) or with κ = 0 nothing
+  changes: the second radius is not even computed.
 """
 
 from __future__ import annotations
@@ -64,7 +85,7 @@ from koi.planning.predictor import ChainEstimate
 from koi.planning.split import SplitRows, ladder_key, split_ladders
 from koi.planning.transition import transition_gaps
 from koi.scoring.exploration import EMPTY, Activation
-from koi.scoring.risk import breach_probability, combine
+from koi.scoring.risk import breach_probabilities, combine
 from koi.scoring.switching import SwitchItem, switch_cost_items
 from koi.scoring.tchebycheff import ReferencePoint, reference_point, tchebycheff
 
@@ -334,6 +355,13 @@ class LadderEval:
     served_tps: np.ndarray
     capacity_tps: np.ndarray
     price: np.ndarray  # $/hour
+    #: p_brk at the widest causal radius ε(1 + κ) (module docstring, "Causal risk"); None when off
+    p_brk_hi: np.ndarray | None = None
+
+    def rows(self, ix: np.ndarray | slice) -> LadderEval:
+        """The evaluation of a subset of the ladders."""
+        return LadderEval(self.y[ix], self.p_brk[ix], self.unserved[ix], self.served_tps[ix], self.capacity_tps[ix],
+                          self.price[ix], None if self.p_brk_hi is None else self.p_brk_hi[ix])
 
 
 def _residual_groups(ctx: PlanningContext, job, chains: list[Chain], objective: str) -> list[tuple[np.ndarray | None, np.ndarray]]:
@@ -377,6 +405,9 @@ def evaluate_ladders(
     chains = [r.chain for r in ranks]
     osl = float(job.workload.osl)
     knobs = ctx.knobs
+    # the radii: ε, and ε(1 + κ) when causal doubt can widen it (module docstring, "Causal risk")
+    causal = knobs.causal_risk > 0 and bool(ctx.exploration.mechanisms)
+    radii = (knobs.eps, knobs.eps * (1.0 + knobs.causal_risk)) if causal else (knobs.eps,)
     startup = np.broadcast_to(np.asarray(startup_s, dtype=float), (L,))
 
     def lmax(v: np.ndarray) -> np.ndarray:
@@ -398,14 +429,16 @@ def evaluate_ladders(
         capacity = cap_total * osl
         unserved = np.where(lam > 0, np.clip(1.0 - cap_total / max(lam, 1e-12), 0.0, 1.0), 0.0)
         margin = outcomes.online_slo_margin(ttft, tpot, job.slo.p99_ttft_ms, job.slo.p99_tpot_ms)
-        p_rank = np.zeros((len(ranks), 2))
+        p_rank = np.zeros((len(radii), len(ranks), 2))
         for col, (obj, vals, target) in enumerate(
             (("p99_ttft_ms", ttft_r, job.slo.p99_ttft_ms), ("p99_tpot_ms", tpot_r, job.slo.p99_tpot_ms))
         ):
             for res, ix in _residual_groups(ctx, job, chains, obj):
-                p_rank[ix, col] = breach_probability(vals[ix], target, maximize=False, residuals=res,
-                                                     eps=knobs.eps, uncertainty=unc[ix])
-        p_brk = lmax(combine(p_rank, axis=1))
+                ps = breach_probabilities(vals[ix], target, maximize=False, residuals=res, eps=radii,
+                                          uncertainty=unc[ix])
+                for k, p in enumerate(ps):
+                    p_rank[k, ix, col] = p
+        p_brks = [lmax(combine(p_rank[k], axis=1)) for k in range(len(radii))]
     else:
         thr = np.bincount(lad, weights=n * sat_tps, minlength=L)
         ttft = lmax(np.array([r.est.ttft_ms for r in ranks]))
@@ -419,15 +452,17 @@ def evaluate_ladders(
         margin = outcomes.batch_slo_margin(rem, np.maximum(left, 0.0), thr)
         # the ladder's throughput residuals: those of its first (largest) rank's chain
         first = np.array([np.flatnonzero(lad == i)[0] for i in range(L)])
-        p_brk = np.zeros(L)
+        p_brks = [np.zeros(L) for _ in radii]
         lead_chains = [chains[k] for k in first]
         for res, ix in _residual_groups(ctx, job, lead_chains, "throughput_tokens_per_sec"):
-            p_brk[ix] = breach_probability(thr[ix], required[ix], maximize=True, residuals=res, eps=knobs.eps,
-                                           uncertainty=unc[first[ix]])
+            ps = breach_probabilities(thr[ix], required[ix], maximize=True, residuals=res, eps=radii,
+                                      uncertainty=unc[first[ix]])
+            for k, p in enumerate(ps):
+                p_brks[k][ix] = p
     del cap_tps
     cost = outcomes.cost_per_token(price, served)
     y = np.column_stack([cost, ttft, tpot, served, margin])
-    return LadderEval(y, p_brk, unserved, served, capacity, price)
+    return LadderEval(y, p_brks[0], unserved, served, capacity, price, p_brks[1] if causal else None)
 
 
 # ---- switching ----------------------------------------------------------------------------------
@@ -728,8 +763,7 @@ class CandidateGenerator:
                 start.append(0.0)
             ev = evaluate_ladders(js, rep, ctx, now, np.array(start))
             if current:
-                keep_eval = LadderEval(ev.y[P:], ev.p_brk[P:], ev.unserved[P:], ev.served_tps[P:],
-                                       ev.capacity_tps[P:], ev.price[P:])
+                keep_eval = ev.rows(slice(P, None))
         rows_p: list[int] = []
         rows_pool: list[Pool] = []
         for i, p in enumerate(protos):
@@ -771,6 +805,10 @@ class CandidateGenerator:
         H = len(hetero)
         all_y = np.vstack([y, hev.y]) if H else y
         all_p = np.concatenate([p_brk, hev.p_brk]) if H else p_brk
+        all_p_hi = None  # p_brk at the widest causal radius (module docstring, "Causal risk")
+        if P and ev.p_brk_hi is not None:
+            all_p_hi = np.concatenate([ev.p_brk_hi[rp], hev.p_brk_hi]) if H and hev.p_brk_hi is not None \
+                else ev.p_brk_hi[rp]
 
         # 4. the running ladder was scored on the same footing in step 2 (keep_eval)
 
@@ -867,6 +905,14 @@ class CandidateGenerator:
             c.activation = self.activation(js, c.ranks, model, sig)
             c.eig = ctx.exploration.eig(c.activation)
             c.mechanism_id = ctx.exploration.best_mechanism(c.activation)
+        if all_p_hi is not None and len(all_p_hi) == F + H:
+            for c, i in zip(kept, kept_idx, strict=True):
+                self._causal_risk(c, float(all_p_hi[i]))
+        if keep_c is not None and keep_eval is not None and keep_eval.p_brk_hi is not None and keep_c.ranks:
+            p_model = self._widened(float(keep_eval.p_brk[0]), float(keep_eval.p_brk_hi[0]), keep_c.activation)
+            kp = max(p_model, float(ctx.observed_risk.get(job.job_id, 0.0)))
+            keep_c.sigma -= knobs.gamma * (kp - keep_c.p_brk)
+            keep_c.p_brk = kp
         for c in [*kept, *(x for x in (keep_c, defer_c) if x is not None)]:
             c.cand_id = f"{job.job_id}#{c.kind.value}:{ladder_key(c.ranks) if c.ranks else '-'}"
 
@@ -894,6 +940,19 @@ class CandidateGenerator:
             n_chains=n_chains, n_feasible=P, n_c3_dropped=int(((all_p > knobs.tau) & ~same).sum()),
             infeasible_reasons=reasons, late=late, scored_builder=build_all,
         )
+
+    def _causal_risk(self, c: Candidate, p_hi: float) -> None:
+        """Widen a candidate's DRO radius by its causal doubt (module docstring, "Causal risk"):
+        p_brk ← p_brk + D(L)·(p_brk(ε(1+κ)) − p_brk(ε)), and σ's risk term with it (C3 unchanged)."""
+        p = self._widened(c.p_brk, p_hi, c.activation)
+        c.sigma -= self.ctx.knobs.gamma * (p - c.p_brk)
+        c.p_brk = p
+
+    def _widened(self, p0: float, p_hi: float, act: Activation) -> float:
+        """p_brk at ε(1 + κ·x), x = excess doubt clipped to [−1/κ, 1], from p_brk at ε and at ε(1 + κ)."""
+        kappa = self.ctx.knobs.causal_risk
+        x = min(max(self.ctx.exploration.doubt(act), -1.0 / kappa), 1.0) if kappa > 0 else 0.0
+        return min(max(p0 + x * (p_hi - p0), 0.0), 1.0)
 
     def _prune_idx(self, idx: np.ndarray, rows_pid: list[str], F: int, hetero: list[tuple[RankSpec, ...]],
                    inst: np.ndarray, sigma: np.ndarray) -> list[int]:

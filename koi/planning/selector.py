@@ -213,7 +213,7 @@ def build_problem(
         if knobs.reserve_share > 0:
             if jc.null.kind is OptionKind.DEFER:
                 opts.extend(_reservations(jc, opts, knobs.reserve_share))
-            elif jc.keep is not None and jc.keep.ranks and jc.keep.p_brk > knobs.tau:
+            elif jc.keep is not None and jc.keep.ranks and not jc.keep.c3_ok:  # C3 gate, not the causal p_brk
                 opts.extend(_reservations(jc, opts, knobs.reserve_share, kind=OptionKind.SWAP))
         options.append(opts)
     return SelectionProblem(

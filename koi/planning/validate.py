@@ -308,7 +308,10 @@ class _Checker:
             m = self.match(a.job_id, a.ladder)  # type: ignore[arg-type]
             p = m.p_brk if m is not None else self._eval(a)[0]
             risk[a.job_id] = p
-            if p > self.ctx.knobs.tau and not (m.late if m is not None else self.candidates(a.job_id).late):
+            # a scored candidate's own C3 flag: its p_brk may carry the causal widening, which ranks
+            # but does not gate (candidates, "Causal risk"); without the widening c3_ok is p ≤ τ
+            breach = (not m.c3_ok) if m is not None else p > self.ctx.knobs.tau
+            if breach and not (m.late if m is not None else self.candidates(a.job_id).late):
                 prior.append(_diag(Constraint.C3, a.job_id,
                                    f"breach probability {p:.3f} exceeds τ = {self.ctx.knobs.tau}",
                                    p_brk=p, tau=self.ctx.knobs.tau))

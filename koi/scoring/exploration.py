@@ -29,6 +29,26 @@ the whole testable graph at U = 1, so EIG and Expl(P) are the share of the graph
 uncertainty a ladder or plan would test, in [0, 1], and β ∈ [β_min, β_max] weighs it on
 the same scale as the exploit terms.
 
+Doubt (overview §2: "uncertain relationships identify informative deployments to test but
+increase estimated risk"). Besides U, each edge and mechanism has a *doubt*
+d = max(U(α, β), 1 − c), c = α/(α+β): high while the relationship is untested (U) and high
+once evidence contradicts it (1 − c; a mechanism's β grows with Q4 rows, evaluations in its
+scope where mediators and outcomes both diverged from the prediction, so 1 − c estimates
+how often predictions in that scope fail). A ladder's *excess doubt*
+x(L) = Σ_{m∈L} (d_m − d̄) sums, over the testable mechanisms it exercises (the activation EIG
+uses), how much more doubted each story is than the average testable mechanism (d̄); 0 for a
+ladder exercising nothing. The planner widens the ladder's DRO radius by it
+(:mod:`koi.planning.candidates`, "Causal risk"). Choices: (1) mechanisms, not edges — a
+mechanism's Beta is the belief in its whole scoped story, updated once per evaluation
+(Q1/Q4), while an edge's is shared by every story through it; (2) a sum, not a mean — on
+hetero-3h ten seed mechanisms apply to every ladder of every job and a mean over them left
+the ladders of one job within ±0.03 of each other (no signal); in the sum such universal
+stories add one constant per job while a scoped story (fp8 KV, PP, multi-node, a GPU family)
+moves its ladders by its own d_m − d̄; (3) relative to d̄: the slow loop calibrates ε on the
+fleet's realised coverage, i.e. on the average story, so a story as doubted as the average
+leaves the radius alone, a better-supported one narrows it ("high-confidence relationships
+support exploitation") and a more doubted one widens it.
+
 Choice: keep and defer exercise nothing (they contribute 0 to Φ in the spec, "The
 Cluster Objective"); only ladder-bearing actions count toward Expl(P).
 """
@@ -124,6 +144,11 @@ class ExplorationModel:
     mechanism_ids: tuple[str, ...] = field(init=False)
     u_edge: np.ndarray = field(init=False)
     u_mech: np.ndarray = field(init=False)
+    #: doubt d = max(U, 1 − c) per edge / mechanism, unnormalised (module docstring, "Doubt")
+    d_edge: np.ndarray = field(init=False)
+    d_mech: np.ndarray = field(init=False)
+    #: d̄, the mean doubt of the testable mechanisms (module docstring, "Doubt")
+    doubt_mean: float = field(init=False)
     _mech_edges: list[frozenset[int]] = field(init=False)
     _testable: list[bool] = field(init=False)
     _cache: dict[tuple, Activation] = field(init=False, default_factory=dict)
@@ -138,9 +163,14 @@ class ExplorationModel:
         pos = {e: i for i, e in enumerate(ids)}
         ab = np.array([self.edge_beliefs.get(e, (1.0, 1.0)) for e in ids], dtype=float).reshape(-1, 2)
         self.u_edge = uncertainty(ab[:, 0], ab[:, 1]) if len(ids) else np.zeros(0)
-        self.u_mech = uncertainty(np.array([m.alpha for m in mechs]), np.array([m.beta for m in mechs]))
+        ma, mb = np.array([m.alpha for m in mechs], dtype=float), np.array([m.beta for m in mechs], dtype=float)
+        self.u_mech = uncertainty(ma, mb)
+        self.d_edge = np.maximum(self.u_edge, ab[:, 1] / (ab[:, 0] + ab[:, 1])) if len(ids) else np.zeros(0)
+        self.d_mech = np.maximum(self.u_mech, mb / (ma + mb)) if mechs else np.zeros(0)
         self._mech_edges = [frozenset(pos[e] for e in testable[m.mechanism_id]) for m in mechs]
         self._testable = [bool(testable[m.mechanism_id]) for m in mechs]
+        every = [i for i, t in enumerate(self._testable) if t]
+        self.doubt_mean = float(self.d_mech[every].mean()) if every else 0.0
         if self.normalise:
             total = len(ids) + self.omega_m * sum(self._testable)  # EIG of testing all of it, untested
             if total > 0:
@@ -176,6 +206,13 @@ class ExplorationModel:
         e = sum(float(self.u_edge[i]) for i in act.edges)
         m = sum(float(self.u_mech[i]) for i in act.mechanisms)
         return e + self.omega_m * m
+
+    def doubt(self, act: Activation) -> float:
+        """x(L) = Σ_{m∈L} (d_m − d̄): the excess doubt of the mechanisms one ladder exercises over the
+        graph's average mechanism; 0 for a ladder exercising nothing (module docstring, "Doubt")."""
+        if not act.mechanisms:
+            return 0.0
+        return float((self.d_mech[list(act.mechanisms)] - self.doubt_mean).sum())
 
     def expl(self, acts: Iterable[Activation]) -> float:
         """Expl(P) with binary masks: the saturation 1 − Π(1 − a) is the union."""

@@ -24,6 +24,20 @@ Cold-start defaults (before the slow loop has written a state):
   was reasoned per edge, but EIG sums a ladder's edges and mechanisms, so one fresh regime
   weighs 0.05 × (1–10); Δ restores the intent — exploration breaks near-ties, never buys a
   clearly worse ladder — whatever the size of the graph.
+- causal_risk κ = 3: a ladder's DRO radius is ε·(1 + κ·x), x ∈ [−1/κ, 1] the excess doubt of
+  the mechanisms it exercises over the average story (:mod:`koi.planning.candidates`, "Causal
+  risk"; overview §2, uncertain relationships "increase estimated risk"). On hetero-3h the
+  ladders of one job differ in x by ≈ 0.65 (median), so κ = 3 moves the radius of a
+  near-target ladder by up to ≈ ±2ε against its alternatives. Measured at 3 h, seeds 0–2:
+  κ = 1 moved p_brk by ≈ 0.01 and changed no decision (85.87 on seed 0, as without it);
+  κ = 3 gave 86.00 / 85.74 / 85.45 (mean 85.73, against 85.71 without the DAG terms and
+  85.71 before this knob; on seed 0 it swapped 25 times instead of 41 and spent 2% less for
+  the same SLO attainment). The window is narrow and not monotone: κ = 2 gave 85.87 / 85.74 /
+  85.45 (mean 85.68) and κ = 4 85.76 / 85.31 on seeds 0 / 1, so the gain over the ablation
+  is within seed-to-seed noise and κ should be re-checked when the scenario changes. An earlier form — the *mean* doubt of every exercised edge and
+  mechanism, widening only — did not discriminate between a job's ladders (±0.03) and at
+  κ = 4 acted as a uniformly larger ε: more GPUs, higher cost, 85.74 on seed 0. The margin
+  is small; κ is a planner constant the slow loop does not move.
 - reserve_share ρ = 0.5: a pending job whose ladders do not fit this tick may *reserve* one —
   the plan leaves that ladder's instances free at the end of the tick (other jobs swap away;
   the A/B overlap means what they free is usable only then), and it is placed next tick
@@ -72,6 +86,8 @@ class PlanningKnobs(KoiModel):
                                  description="value share of a pending job's ladder that reserving capacity earns")
     explore_slack: float = Field(default=0.05, ge=0,
                                  description="options more than this below a job's best value earn no exploration")
+    causal_risk: float = Field(default=3.0, ge=0,
+                               description="κ, DRO-radius change per unit of a ladder's excess causal doubt")
     q: float = Field(default=0.95, gt=0.5, lt=1, description="DRO band quantile")
     unserved_weight: float = Field(default=10.0, ge=0, description="W, unserved-demand penalty per priority unit")
     utilization_cap: float = Field(default=UTILIZATION_CAP, gt=0, le=1, description="online per-replica cap")

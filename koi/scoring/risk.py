@@ -81,19 +81,41 @@ def breach_probability(
     below its threshold, a minimised one (latency) above it. A non-finite threshold means
     "no target": probability 0. A non-finite prediction on the breaching side is 1.
     """
+    return breach_probabilities(y_hat, threshold, maximize=maximize, residuals=residuals, eps=(eps,),
+                                uncertainty=uncertainty)[0]
+
+
+def breach_probabilities(
+    y_hat: ArrayLike,
+    threshold: ArrayLike,
+    *,
+    maximize: bool,
+    residuals: ArrayLike | None,
+    eps: tuple[float, ...],
+    uncertainty: ArrayLike = 1.0,
+) -> list[np.ndarray]:
+    """:func:`breach_probability` at several radii ε at once (one array per radius).
+
+    With residuals, P̂_emp and Lip·σ̂ do not depend on ε, so the kernel density is computed
+    once and each further radius costs one multiply-add (the planner's causal-risk radius,
+    :mod:`koi.planning.candidates`, "Causal risk"). Cold, the band itself scales with ε and
+    is recomputed per radius (cheap: no residual samples).
+    """
     y = np.asarray(y_hat, dtype=float)
     t = np.broadcast_to(np.asarray(threshold, dtype=float), y.shape)
     sign = -1.0 if maximize else 1.0  # breach when sign*(value - t) > 0
     r = _residuals(residuals)
+    raw: list[np.ndarray] = []
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if r.size == 0:
-            w = eps * np.maximum(np.broadcast_to(np.asarray(uncertainty, dtype=float), y.shape), 1.0)
-            half = np.maximum(w * np.abs(y), 1e-300)
-            # share of the uniform band [y-half, y+half] on the breaching side of t
-            frac_above = np.clip((y + half - t) / (2.0 * half), 0.0, 1.0)
-            p_emp = frac_above if sign > 0 else 1.0 - frac_above
-            inside = (t >= y - half) & (t <= y + half)
-            infl = np.where(inside, eps / (2.0 * _SQRT3), 0.0)  # ε · Lip · σ̂ = ε · 1/(2w|ŷ|) · w|ŷ|/√3
+            u = np.maximum(np.broadcast_to(np.asarray(uncertainty, dtype=float), y.shape), 1.0)
+            for e in eps:
+                half = np.maximum(e * u * np.abs(y), 1e-300)
+                # share of the uniform band [y-half, y+half] on the breaching side of t
+                frac_above = np.clip((y + half - t) / (2.0 * half), 0.0, 1.0)
+                p_emp = frac_above if sign > 0 else 1.0 - frac_above
+                inside = (t >= y - half) & (t <= y + half)
+                raw.append(p_emp + np.where(inside, e / (2.0 * _SQRT3), 0.0))  # ε · 1/(2w|ŷ|) · w|ŷ|/√3
         else:
             samples = y[..., None] * (1.0 + r)  # (..., k)
             p_emp = np.mean(sign * (samples - t[..., None]) > 0, axis=-1)
@@ -102,14 +124,17 @@ def breach_probability(
             h = np.maximum(1.06 * sigma * r.size ** (-0.2), 1e-9 * np.maximum(np.abs(y), 1e-12))
             z = (t[..., None] - samples) / h[..., None]
             dens = np.mean(np.exp(-0.5 * z * z), axis=-1) * _INV_SQRT_2PI / h
-            infl = eps * dens * sigma
-        p = p_emp + infl
-    p = np.where(np.isfinite(t), p, 0.0)
-    bad = ~np.isfinite(y) & np.isfinite(t)
-    if np.any(bad):
-        breached = np.isnan(y) | ((y > t) if sign > 0 else (y < t))
-        p = np.where(bad, np.where(breached, 1.0, 0.0), p)
-    return np.clip(np.nan_to_num(p, nan=1.0), 0.0, 1.0)
+            raw.extend(p_emp + e * dens * sigma for e in eps)  # ε · Lip · σ̂, in the original order
+    fin = np.isfinite(t)
+    bad = ~np.isfinite(y) & fin
+    breached = (np.isnan(y) | ((y > t) if sign > 0 else (y < t))) if np.any(bad) else None
+    out = []
+    for p in raw:
+        p = np.where(fin, p, 0.0)
+        if breached is not None:
+            p = np.where(bad, np.where(breached, 1.0, 0.0), p)
+        out.append(np.clip(np.nan_to_num(p, nan=1.0), 0.0, 1.0))
+    return out
 
 
 def combine(p: ArrayLike, axis: int = -1) -> np.ndarray:

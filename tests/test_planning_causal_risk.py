@@ -1,0 +1,93 @@
+"""Causal risk: doubted mechanisms widen a ladder's DRO radius, confirmed ones narrow it (overview §2,
+"uncertain relationships ... increase estimated risk"; :mod:`koi.planning.candidates`, "Causal risk")."""
+
+from __future__ import annotations
+
+import pytest
+
+from koi.planning.candidates import generate
+from koi.planning.context import PlanningContext
+from koi.planning.predictor import AnalyticPredictor
+from koi.planning.synthetic import online_job, pool, snapshot
+from koi.scoring import ExplorationModel, MechanismView
+from koi.scoring.exploration import Activation
+from koi.scoring.params import PlanningKnobs
+
+KV = ("kvcache_dtype->kv_cache_util", "kv_cache_util->p99_tpot_ms")
+TP = ("tp->comm_overhead_pct", "comm_overhead_pct->p99_tpot_ms")
+PP = ("pp->pipeline_bubble_fraction", "pipeline_bubble_fraction->p99_tpot_ms")
+EVEN = (5.0, 5.0)  # d = 1 − c = 0.5 (U(5, 5) ≈ 0.27)
+CONFIRMED, CONTRADICTED = (200.0, 2.0), (20.0, 80.0)
+
+
+def _exploration(scoped: tuple[float, float], scope=lambda f: True) -> ExplorationModel:
+    """Three stories: one every ladder exercises (EVEN), one in ``scope`` with the Beta ``scoped``, one
+    no ladder here exercises (PP > 4, EVEN)."""
+    mechs = [MechanismView("M_all", TP, *EVEN, lambda f: True),
+             MechanismView("M_scoped", KV, *scoped, scope),
+             MechanismView("M_none", PP, *EVEN, lambda f: f.get("pp", 1) > 4)]
+    beliefs = {e: EVEN for e in TP + PP} | {e: scoped for e in KV}
+    return ExplorationModel(edge_beliefs=beliefs, mechanisms=mechs, normalise=True)
+
+
+def test_excess_doubt_of_a_ladder() -> None:
+    untested = ExplorationModel(edge_beliefs={}, mechanisms=[MechanismView("M", KV, 1.0, 1.0, lambda f: True)])
+    assert untested.d_mech[0] == pytest.approx(1.0)  # U(1, 1) = 1
+    ex = _exploration(CONTRADICTED)
+    assert ex.d_mech.tolist() == pytest.approx([0.5, 0.5, 0.8])  # sorted ids: M_all, M_none, M_scoped
+    assert ex.doubt_mean == pytest.approx(0.6)
+    both = ex.applicable({})
+    assert both.mechanisms == frozenset({0, 2})
+    assert ex.doubt(both) == pytest.approx(0.5 + 0.8 - 2 * 0.6)
+    assert ex.doubt(Activation(mechanisms=frozenset({0}))) == pytest.approx(0.5 - 0.6)
+    assert _exploration(CONFIRMED).doubt(both) < 0 < ex.doubt(both)
+    assert ex.doubt(Activation()) == 0.0 and ExplorationModel.empty().doubt(Activation()) == 0.0
+
+
+def _snap():
+    # a TPOT target close to one ladder's prediction, so its DRO band straddles the target
+    return snapshot([online_job("o", "llama-3.1-8b", 20.0, 1500, 12)],
+                    [pool("aws", "p4de.24xlarge", "us-east-1", total=8), pool("aws", "p5.48xlarge", "us-east-1", total=4)])
+
+
+def _risk(ctx: PlanningContext) -> dict[str, tuple[float, float]]:
+    jc = generate(_snap(), ctx)["o"]
+    return {c.cand_id: (c.p_brk, c.sigma) for c in jc.candidates}
+
+
+def _ctx(ex: ExplorationModel | None = None, **knobs: float) -> PlanningContext:
+    kw = {"exploration": ex} if ex is not None else {}
+    return PlanningContext(predictor=AnalyticPredictor(), knobs=PlanningKnobs(**knobs), **kw)
+
+
+def test_a_ladder_on_contradicted_mechanisms_carries_more_risk_than_on_confirmed_ones() -> None:
+    jc = generate(_snap(), _ctx())["o"]
+    near = next(c for c in jc.candidates if c.p_brk > 0)  # the DRO band straddles its target
+    base = _risk(_ctx())  # no exploration model
+    doubted = _risk(_ctx(_exploration(CONTRADICTED)))
+    confirmed = _risk(_ctx(_exploration(CONFIRMED)))
+    k = near.cand_id
+    assert confirmed[k][0] < base[k][0] < doubted[k][0]
+    assert doubted[k][0] - confirmed[k][0] > 0.02
+    for risk in (doubted, confirmed):  # σ pays γ·Δp_brk (γ = 1), nothing else moves
+        assert risk[k][1] == pytest.approx(base[k][1] - (risk[k][0] - base[k][0]))
+
+
+def test_only_ladders_in_the_contradicted_scope_pay() -> None:
+    jc = generate(_snap(), _ctx())["o"]
+    gpu = {c.cand_id: c.ranks[0].env.gpu_type for c in jc.candidates}
+    near = next(c for c in jc.candidates if c.p_brk > 0)
+    inside = _risk(_ctx(_exploration(CONTRADICTED, scope=lambda f: f.get("gpu_type") == gpu[near.cand_id])))
+    outside = _risk(_ctx(_exploration(CONTRADICTED, scope=lambda f: f.get("gpu_type") == "no-such-gpu")))
+    assert inside[near.cand_id][0] > outside[near.cand_id][0]
+
+
+def test_no_exploration_model_or_zero_strength_changes_nothing() -> None:
+    base = generate(_snap(), _ctx())["o"]
+    off = generate(_snap(), _ctx(_exploration(CONTRADICTED), causal_risk=0.0))["o"]
+    assert [c.cand_id for c in off.candidates] == [c.cand_id for c in base.candidates]
+    assert [(c.p_brk, c.sigma) for c in off.candidates] == [(c.p_brk, c.sigma) for c in base.candidates]
+    # C3 is still judged at the surrogate's radius ε: the doubted run keeps candidates C3 admitted
+    doubted = generate(_snap(), _ctx(_exploration(CONTRADICTED)))["o"]
+    assert all(c.c3_ok for c in doubted.candidates)
+    assert {c.cand_id for c in doubted.candidates} <= {c.cand_id for c in base.all_scored if c.c3_ok}
