@@ -231,7 +231,7 @@ def make(bench: BenchContext) -> ThompsonBandit:
 
 BANDIT = register(PolicySpec(
     name="bandit", label="Contextual Thompson sampling", family=Family.GLOBAL, make_proposer=make,
-    stochastic=True,
+    stochastic=True, relative_cost=1.3,
     description="Beta posteriors per (job class × model size × workload kind, GPU × TP × PP × dtype) on a reward "
                 "from its own ranks' telemetry; warm-started from the surrogate; swaps when a sample wins by a margin.",
 ))

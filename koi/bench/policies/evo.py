@@ -238,7 +238,7 @@ def make(bench: BenchContext) -> RollingEvo:
 
 EVO = register(PolicySpec(
     name="evo", label="Rolling EvoX (evolutionary search)", family=Family.EVOLUTIONARY, make_proposer=make,
-    stochastic=True, relative_cost=1.3,
+    stochastic=True, relative_cost=1.6,
     description="A genetic algorithm over cluster plans (one option per job), fitness = the selector's objective "
                 "on the surrogate with capacity violations penalised; the previous best seeds the next tick.",
 ))
