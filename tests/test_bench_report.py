@@ -186,3 +186,18 @@ def test_a_report_from_a_real_run(tmp_path):
     assert rep.files["allocation"].read_bytes()[:8] == PNG
     assert "dro_radius" not in rep.files  # no learning policy ran
     assert policy_rows([r])[0].seeds == [0]
+
+
+def test_koi_variants_are_not_the_best_baseline(suite):
+    """Koi's RLM planner on a scripted model is Koi, not a baseline: the Δ row skips it (and the ablations)."""
+    import dataclasses
+
+    from koi.bench.report import delta_vs_best
+
+    _path, _cache, rep = suite
+    koi = next(r for r in rep.rows if r.policy == "koi")
+    scripted = dataclasses.replace(koi, policy="koi-scripted", label="Koi with a scripted LLM", family="llm",
+                                   stats={**koi.stats, "composite": (99.0, 0.0)})
+    rows = [*rep.rows, scripted]
+    assert delta_vs_best(rows)["vs"] == "Rolling EvoX"
+    assert delta_vs_best(rows, ablations=True)["vs"] == "Koi with a scripted LLM"

@@ -122,10 +122,11 @@ def _label(r: PolicyRow) -> str:
 def delta_vs_best(rows: Sequence[PolicyRow], subject: str = KOI, *, ablations: bool = False) -> dict[str, str] | None:
     """``subject`` against the best other policy by overall score (percentage points for percentages,
     relative % for goodput, score and $/token, where lower cost counts as a gain); the oracle never
-    counts, Koi's ablations only with ``ablations``; None without both."""
+    counts, Koi's own variants (its ablations and its RLM planner on a scripted or real LLM, the
+    ``koi-*`` policies) only with ``ablations``: they are Koi, not baselines. None without both."""
     me = next((r for r in rows if r.policy == subject), None)
     pool = [r for r in rows if r.policy != subject and not r.is_oracle
-            and (ablations or r.family != Family.ABLATION.value)]
+            and (ablations or not (r.family == Family.ABLATION.value or r.policy.startswith(f"{subject}-")))]
     if me is None or not pool:
         return None
     best = max(pool, key=lambda r: r.mean("composite"))
