@@ -256,7 +256,7 @@ def _sequential_bisect(good, lo, hi, steps):  # noqa: ANN001, ANN202
 def test_tree_bisection_is_the_sequential_bisection_bit_for_bit(m):
     """Several levels of the bisection tree per solve give exactly the sequential halvings, also where
     the predicate is not monotone (the walk follows the same path, so every midpoint is the same float)."""
-    from koi.surrogate.core import tree_bisect
+    from koi.surrogate.bisect import tree_bisect
 
     rng = np.random.default_rng(m)
     lo, hi = rng.uniform(-9, 0, m), rng.uniform(0.5, 3, m)
@@ -275,13 +275,13 @@ def test_tree_bisection_is_the_sequential_bisection_bit_for_bit(m):
 
 
 def test_capacity_search_is_unchanged_by_batched_bisection(s, monkeypatch):
-    from koi.surrogate import core
+    from koi.surrogate import bisect
 
     chains = [Chain(env=env(), config=ChainConfig(tp=tp, instance_type="p5.48xlarge")) for tp in (1, 2, 4, 8)]
     chains += [Chain(env=env("A100-80GB"), config=ChainConfig(tp=tp, instance_type="p4de.24xlarge")) for tp in (1, 2)]
     jobs = [job(ttft=t, tpot=p) for t, p in ((300.0, 12.0), (800.0, 20.0), (2000.0, 40.0))]
     batched = [s.capacity_many(j, chains) for j in jobs]
-    monkeypatch.setattr(core, "BISECT_ROWS", 0)  # one level per solve: the plain sequential loop
+    monkeypatch.setattr(bisect, "BISECT_ROWS", 0)  # one level per solve: the plain sequential loop
     s2 = type(s)()
     sequential = [s2.capacity_many(j, chains) for j in jobs]
     assert batched == sequential
