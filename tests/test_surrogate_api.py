@@ -280,9 +280,18 @@ def test_capacity_search_is_unchanged_by_batched_bisection(s, monkeypatch):
     chains = [Chain(env=env(), config=ChainConfig(tp=tp, instance_type="p5.48xlarge")) for tp in (1, 2, 4, 8)]
     chains += [Chain(env=env("A100-80GB"), config=ChainConfig(tp=tp, instance_type="p4de.24xlarge")) for tp in (1, 2)]
     jobs = [job(ttft=t, tpot=p) for t, p in ((300.0, 12.0), (800.0, 20.0), (2000.0, 40.0))]
-    batched = [s.capacity_many(j, chains) for j in jobs]
+    solves = {"n": 0}
+    run = type(s)._run
+
+    def counted(self, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        solves["n"] += 1
+        return run(self, *a, **kw)
+
+    monkeypatch.setattr(type(s), "_run", counted)
+    batched = [type(s)().capacity_many(j, chains) for j in jobs]
+    n_batched, solves["n"] = solves["n"], 0
     monkeypatch.setattr(bisect, "BISECT_ROWS", 0)  # one level per solve: the plain sequential loop
-    s2 = type(s)()
-    sequential = [s2.capacity_many(j, chains) for j in jobs]
+    sequential = [type(s)().capacity_many(j, chains) for j in jobs]
     assert batched == sequential
+    assert n_batched < solves["n"]  # the tree took fewer solves for the same capacities
     assert any(0.0 < c.rps < c.saturation_rps * s.utilization_cap for caps in batched for c in caps)  # bisected

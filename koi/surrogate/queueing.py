@@ -116,15 +116,12 @@ class LoadResult:
         return np.sum(self.weights * f, axis=1)
 
 
-def interp_rows(b_grid: np.ndarray, table: np.ndarray, b: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-    """Row-wise piecewise-linear interpolation of ``table[rows[i]]`` at ``b[i]`` (clamped to the grid)."""
-    return interp_rows_many(b_grid, (table,), b, rows)[0]
-
-
 def interp_rows_many(b_grid: np.ndarray, tables: tuple[np.ndarray, ...], b: np.ndarray,
                      rows: np.ndarray | None = None) -> list[np.ndarray]:
-    """:func:`interp_rows` of several tables at the same points: the segment and weight are found once
-    (the solver reads the decode and prompt tables at the same batch sizes)."""
+    """Row-wise piecewise-linear interpolation of each ``table[rows[i]]`` at ``b[i]`` (clamped to the grid).
+
+    Several tables at the same points: the segment and weight are found once (the solver reads the
+    decode and prompt tables at the same batch sizes)."""
     b = np.minimum(np.maximum(b, b_grid[0]), b_grid[-1])
     j = np.minimum(np.searchsorted(b_grid, b, side="right") - 1, len(b_grid) - 2)
     lo, hi = b_grid[j], b_grid[j + 1]

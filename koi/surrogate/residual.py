@@ -129,16 +129,6 @@ class _Effects:
         return int(self.counts["fine"].get(scope.key("fine"), 0))
 
 
-def _fit_effects(keys: dict[str, list[str]], y: np.ndarray, prior_scale: float = 1.0) -> _Effects:
-    """Ridge backfitting of y on one-hot effects; ``keys[e][i]`` is record i's level for effect e."""
-    idx: dict[str, np.ndarray] = {}
-    levels: dict[str, list[str]] = {}
-    for e in EFFECTS:
-        uniq, inv = np.unique(np.asarray(keys[e], dtype=object), return_inverse=True)
-        idx[e], levels[e] = inv.astype(np.intp), [str(u) for u in uniq]
-    return _backfit(idx, levels, np.asarray(y, dtype=float)[:, None], prior_scale)[0]
-
-
 def _backfit(idx: dict[str, np.ndarray], levels: dict[str, list[str]], Y: np.ndarray, prior_scale: float
              ) -> list[_Effects]:  # fmt: skip
     """Ridge backfitting of each column of ``Y`` (n × Q) on the same one-hot effects.
@@ -180,7 +170,7 @@ class _Coded:
         return cls(levels, codes)
 
     def subset(self, rows: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
-        """``_fit_effects``'s encoding of the rows at ``rows``: the same sorted levels and inverse indices
+        """The one-hot encoding of the rows at ``rows``: the same sorted levels and inverse indices
         ``np.unique`` gives on their keys (the subset's codes are ranks in the same sorted order)."""
         idx, levels = {}, {}
         for e in EFFECTS:
