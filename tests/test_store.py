@@ -473,6 +473,26 @@ def test_perfdb_round_trip_and_query(engine):
         store.PerfRecord.of(C, 1, job, rank(), observed_v={"p99_ttft_ms": 1.0}, observed_y={})
 
 
+def test_perfdb_reads_see_in_place_updates_and_return_independent_records(engine):
+    """Reads reuse validated records by row content: an upsert of the same key must be seen, and a
+    caller changing what it got must not change the next read."""
+    job = online_job("chat-1")
+    first = store.PerfRecord.of(C, 1, job, rank("aws"), observed_v={}, observed_y={"p99_ttft_ms": 420.0})
+    with store.session_scope(engine) as s:
+        store.save_perf_record(s, first)
+    with store.session_scope(engine) as s:
+        got = store.query_perf(s, cluster_id=C)
+        assert got == [first]
+        got[0].observed_y["p99_ttft_ms"] = -1.0
+        got[0].n_samples = 99
+        assert store.query_perf(s, cluster_id=C) == [first]
+    again = first.model_copy(update={"observed_y": {"p99_ttft_ms": 510.0}, "predicted": {"p99_ttft_ms": 400.0}})
+    with store.session_scope(engine) as s:
+        store.save_perf_record(s, again)
+    with store.session_scope(engine) as s:
+        assert store.query_perf(s, cluster_id=C) == [again]
+
+
 def test_stage_outputs_round_trip_and_digests(engine):
     p = plan(5)
     with store.session_scope(engine) as s:

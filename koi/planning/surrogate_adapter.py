@@ -233,15 +233,18 @@ class SurrogatePredictor:
             return None
         from koi.surrogate.scope import Scope
 
-        arch = catalog.model(job.model)
         c = chain.config
-        scope = Scope.of(env_id=chain.env.env_id, gpu_type=chain.env.gpu_type, model=arch.name, family=arch.family,
-                         tp=c.tp, pp=c.pp, weight_dtype=c.weight_dtype.value, engine=c.engine_name,
-                         isl=float(job.workload.isl), osl=float(job.workload.osl))
-        key = (objective, scope)
-        if key not in self._res_cache:
-            self._res_cache[key] = np.asarray(rm.residuals(objective, scope), dtype=float)
-        r = self._res_cache[key]
+        isl, osl = float(job.workload.isl), float(job.workload.osl)
+        # everything the scope is built from (its family follows from the model): no Scope on a hit
+        key = (objective, chain.env.env_id, chain.env.gpu_type, job.model, c.tp, c.pp, c.weight_dtype, c.engine_name,
+               isl, osl)  # fmt: skip
+        r = self._res_cache.get(key)
+        if r is None:
+            arch = catalog.model(job.model)
+            scope = Scope.of(env_id=chain.env.env_id, gpu_type=chain.env.gpu_type, model=arch.name,
+                             family=arch.family, tp=c.tp, pp=c.pp, weight_dtype=c.weight_dtype.value,
+                             engine=c.engine_name, isl=isl, osl=osl)  # fmt: skip
+            r = self._res_cache[key] = np.asarray(rm.residuals(objective, scope), dtype=float)
         return r if r.size else None
 
 
@@ -252,6 +255,8 @@ class _MemoMixin:
     Entries are keyed by the scope object's ``id`` and hold the scope itself: a hit must be the very
     same object (``is``), and as the entry keeps it alive its id cannot be reused by another scope.
     The surrogate builds its scopes through an LRU cache, so the same chain gives the same object.
+    Behind that, speed and factors are also kept by the scope's effect keys (all they read), so
+    equal scopes built for different chains compute them once.
 
     ``residuals`` is answered from an index of the history's scope keys per grouping level
     (built once per objective) instead of a scan of the history per call; it returns exactly
@@ -275,25 +280,43 @@ class _MemoMixin:
         self._m()[k] = (scope, value)
         return value
 
+    def _by_keys(self, k: tuple, scope: Any) -> tuple[tuple, Any]:
+        """The value-keyed memo entry of ``k`` for ``scope``: speed and factors depend on a scope only
+        through its effect keys, and many distinct scope objects (chains differing in settings the
+        scope does not carry) share them."""
+        from koi.surrogate.scope import effect_keys
+
+        vk = (*k, effect_keys(scope))
+        return vk, self._m().get(vk, _MISS)
+
     def speed(self, scope: Any, skip: tuple[str, ...] = ()) -> float:
         k = ("speed", id(scope), skip)
         v = self._get(k, scope)
         if v is _MISS:
-            v = self._put(k, scope, super().speed(scope, skip))  # type: ignore[misc]
+            vk, v = self._by_keys(("speed", skip), scope)
+            if v is _MISS:
+                v = self._m()[vk] = super().speed(scope, skip)  # type: ignore[misc]
+            self._put(k, scope, v)
         return v
 
     def factor(self, quantity: str, scope: Any, skip: tuple[str, ...] = ()) -> float:
         k = ("factor", quantity, id(scope), skip)
         v = self._get(k, scope)
         if v is _MISS:
-            v = self._put(k, scope, super().factor(quantity, scope, skip))  # type: ignore[misc]
+            vk, v = self._by_keys(("factor", quantity, skip), scope)
+            if v is _MISS:
+                v = self._m()[vk] = super().factor(quantity, scope, skip)  # type: ignore[misc]
+            self._put(k, scope, v)
         return v
 
     def factor_row(self, scope: Any, skip: tuple[str, ...] = ()) -> tuple[float, ...]:
         k = ("factor_row", id(scope), skip)
         v = self._get(k, scope)
         if v is _MISS:
-            v = self._put(k, scope, super().factor_row(scope, skip))  # type: ignore[misc]
+            vk, v = self._by_keys(("factor_row", skip), scope)
+            if v is _MISS:
+                v = self._m()[vk] = super().factor_row(scope, skip)  # type: ignore[misc]
+            self._put(k, scope, v)
         return v
 
     def support(self, scope: Any) -> int:

@@ -7,15 +7,17 @@ corrections and nearest-neighbour lookups query it by model, GPU and config.
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import sqlalchemy as sa
 from pydantic import Field, field_validator
 from sqlmodel import Session
 
 from koi import variables
 from koi.domain import ChainConfig, Environment, Job, KoiModel, Rank
-from koi.store.repos._query import fresh
 from koi.store.tables import PerfRow
 from koi.store.upsert import upsert
 
@@ -128,24 +130,44 @@ def _values(r: PerfRecord) -> dict[str, Any]:
     }
 
 
-def _record(row: PerfRow) -> PerfRecord:
-    return PerfRecord(
-        cluster_id=row.cluster_id,
-        tick=row.tick,
-        job_id=row.job_id,
-        rank_id=row.rank_id,
-        model=row.model,
-        env=Environment.from_id(row.env_id),
-        config=ChainConfig.model_validate(row.config),
-        n_replicas=row.n_replicas,
-        workload_kind=row.workload_kind,
-        isl=row.isl,
-        osl=row.osl,
-        rate_rps=row.rate_rps,
-        n_samples=row.n_samples,
-        observed_v=row.observed_v,
-        observed_y=row.observed_y,
-        predicted=row.predicted,
+#: The columns a record is rebuilt from, JSON payloads as their stored text (``CAST … AS TEXT`` on
+#: both backends: the columns are plain JSON, so the text is exactly what was written).
+_RAW_COLUMNS = (
+    PerfRow.cluster_id, PerfRow.tick, PerfRow.job_id, PerfRow.rank_id, PerfRow.model, PerfRow.env_id,
+    PerfRow.n_replicas, PerfRow.workload_kind, PerfRow.isl, PerfRow.osl, PerfRow.rate_rps, PerfRow.n_samples,
+    sa.cast(PerfRow.config, sa.Text), sa.cast(PerfRow.observed_v, sa.Text), sa.cast(PerfRow.observed_y, sa.Text),
+    sa.cast(PerfRow.predicted, sa.Text),
+)  # fmt: skip
+
+#: Validated records by their raw row (every column they are built from): the planner, the slow loop
+#: and S5 each read the whole PerfDB every tick, and validating the same rows again dominated the read.
+_PARSED: OrderedDict[tuple, PerfRecord] = OrderedDict()
+_PARSED_MAX = 20_000
+
+
+def _parsed(raw: tuple) -> PerfRecord:
+    """The record of one raw row: validated once per distinct row content, then rebuilt without
+    validation (fresh dicts, the frozen environment and config shared), so callers may keep or change
+    what they get as before. A row changed in place (an upsert) has a new key, so it is validated anew."""
+    hit = _PARSED.get(raw)
+    if hit is None:
+        (cid, tick, job_id, rank_id, model, env_id, n_rep, kind, isl, osl, rate, n_samples,
+         config, ov, oy, pr) = raw  # fmt: skip
+        hit = PerfRecord(
+            cluster_id=cid, tick=tick, job_id=job_id, rank_id=rank_id, model=model,
+            env=Environment.from_id(env_id), config=ChainConfig.model_validate(json.loads(config)),
+            n_replicas=n_rep, workload_kind=kind, isl=isl, osl=osl, rate_rps=rate, n_samples=n_samples,
+            observed_v=json.loads(ov), observed_y=json.loads(oy), predicted=json.loads(pr),
+        )  # fmt: skip
+        _PARSED[raw] = hit
+        if len(_PARSED) > _PARSED_MAX:
+            _PARSED.popitem(last=False)
+    else:
+        _PARSED.move_to_end(raw)
+    return hit.model_construct(
+        _fields_set=hit.model_fields_set,
+        **{**hit.__dict__, "observed_v": dict(hit.observed_v), "observed_y": dict(hit.observed_y),
+           "predicted": dict(hit.predicted)},
     )
 
 
@@ -182,7 +204,7 @@ def query_perf(
     Ordered oldest first (cluster, tick, rank) so replays and fits see a stable order.
     """
     t = PerfRow
-    stmt = fresh(t)
+    stmt = sa.select(t)
     for col, val in (
         (t.model, model),
         (t.gpu_type, gpu_type),
@@ -206,4 +228,4 @@ def query_perf(
     stmt = stmt.order_by(t.cluster_id, t.tick, t.rank_id)
     if limit is not None:
         stmt = stmt.limit(limit)
-    return [_record(r) for r in session.exec(stmt)]
+    return [_parsed(tuple(r)) for r in session.execute(stmt.with_only_columns(*_RAW_COLUMNS))]
