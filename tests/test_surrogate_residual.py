@@ -237,6 +237,11 @@ def test_factor_row_is_every_factor_of_the_scope_in_effect_order(records):
             want = tuple(m.factor(q, sc, skip) for q in m.effects)
             assert m.factor_row(sc, skip) == want
             assert memo.factor_row(sc, skip) == want == memo.factor_row(sc, skip)
+            twin = sc.model_copy()  # an equal scope, another object: served by the effect-key memo
+            assert twin is not sc and memo.factor_row(twin, skip) == want
+            assert memo.speed(twin, skip) == m.speed(sc, skip) and memo.support(twin) == m.support(sc)
+        other = scope_of(A100_RANK if rank is H100_RANK else H100_RANK)
+        assert memo.factor_row(other) == m.factor_row(other)  # keys differ: not the first scope's entry
     assert any(abs(f - 1.0) > 1e-3 for f in m.factor_row(scope_of(H100_RANK)))  # something was learned
     assert ResidualModel.fit([]).factor_row(scope_of(H100_RANK)) == ()
 

@@ -323,7 +323,10 @@ class _MemoMixin:
         k = ("support", id(scope))
         v = self._get(k, scope)
         if v is _MISS:
-            v = self._put(k, scope, super().support(scope))  # type: ignore[misc]
+            vk, v = self._by_keys(("support",), scope)  # reads the scope's fine key only
+            if v is _MISS:
+                v = self._m()[vk] = super().support(scope)  # type: ignore[misc]
+            self._put(k, scope, v)
         return v
 
     def _index(self, objective: str) -> dict[str, dict[str, np.ndarray]]:

@@ -442,9 +442,25 @@ class ResidualModel:
         The planner corrects every quantity of the same candidates: one call per scope instead of one
         per (quantity, scope), with the scope's effect keys looked up once. Each value is computed
         exactly as :meth:`factor` computes it (same terms, same order of summation)."""
-        keys = tuple((e, k) for e, k in zip(EFFECTS, effect_keys(scope), strict=True) if e not in skip)
-        return tuple(float(math.exp(float(sum(eff.theta[e].get(k, 0.0) for e, k in keys))))
-                     for eff in self.effects.values())
+        total = 0.0
+        for e, k in zip(EFFECTS, effect_keys(scope), strict=True):
+            if e not in skip:  # elementwise, in EFFECTS order: the same additions as log_factor's sum
+                total = total + self._level_column(e, k)
+        if isinstance(total, float):
+            return tuple(1.0 for _ in self.effects)
+        return tuple(math.exp(x) for x in total.tolist())
+
+    def _level_column(self, effect: str, key: str) -> np.ndarray:
+        """θ of one level of ``effect`` for every quantity of :attr:`effects` (0 where unseen), cached."""
+        cache = self.__dict__.get("_level_cols")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_level_cols", cache)
+        col = cache.get((effect, key))
+        if col is None:
+            col = cache[(effect, key)] = np.array([eff.theta[effect].get(key, 0.0) for eff in self.effects.values()],
+                                                  dtype=float)  # fmt: skip
+        return col
 
     def support(self, scope: Scope) -> int:
         """Records in exactly this fine scope (any quantity)."""
