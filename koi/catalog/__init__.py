@@ -7,7 +7,7 @@ bad catalog fails at first use with the entry and field named.
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -26,7 +26,9 @@ def _load(name: str) -> Any:
     return yaml.safe_load(text)
 
 
+@lru_cache(maxsize=4096)
 def _norm(s: str) -> str:
+    """Lower-case alphanumerics only (alias matching); cached: every model and GPU lookup goes through it."""
     return "".join(ch for ch in s.lower() if ch.isalnum())
 
 

@@ -369,14 +369,15 @@ def _residual_groups(ctx: PlanningContext, job, chains: list[Chain], objective: 
     if getattr(ctx.predictor, "residual_free", False):  # nothing learned yet: one cold group
         return [(None, np.arange(len(chains)))]
     by_chain: dict[tuple, tuple[np.ndarray | None, list[int]]] = {}
-    cache: dict[tuple[str, int], np.ndarray | None] = {}
+    cache: dict[tuple[int, int], tuple[np.ndarray | None, tuple]] = {}
     for i, c in enumerate(chains):
-        ck = (c.env.env_id, id(c.config))  # configs are shared objects within one pass
-        if ck not in cache:
+        ck = (id(c.env), id(c.config))  # environments and configs are shared objects within one pass
+        hit = cache.get(ck)
+        if hit is None:
             r = ctx.predictor.residuals(objective, job, c)
-            cache[ck] = None if r is None or len(r) == 0 else np.asarray(r, dtype=float)
-        r = cache[ck]
-        key = ("cold",) if r is None else (r.tobytes(),)
+            r = None if r is None or len(r) == 0 else np.asarray(r, dtype=float)
+            hit = cache[ck] = (r, ("cold",) if r is None else (r.tobytes(),))
+        r, key = hit
         if key not in by_chain:
             by_chain[key] = (r, [])
         by_chain[key][1].append(i)
