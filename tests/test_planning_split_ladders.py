@@ -123,3 +123,23 @@ def test_a_whole_pool_split_keeps_what_headroom_its_two_pools_hold():
     # builds only ladders that cover their whole headroom)
     free = generate(base, PlanningContext(predictor=_Queueing(rows)))["big"]
     assert [("A100-80GB", 3), ("H100", 2)] in [_ranks(c) for c in free.candidates]
+
+
+def test_no_short_headroom_split_when_the_first_pool_holds_the_minimum_size():
+    """The same job, but its first pool holds the chain's minimum size (three H100 replicas): the job
+    needs no split, so a split keeps its headroom in full or is not built (its first pool's own
+    ladders carry the job; the rolling MILP on hetero-3h lost 0.2 composite to a short split that
+    added one slow replica in another pool when this was not so)."""
+    rows = {(MODEL, "H100"): FixedRow(sat_tps=2000, ttft_ms=400, tpot_ms=16, min_gpus=8),
+            (MODEL, "A100-80GB"): FixedRow(sat_tps=1000, ttft_ms=400, tpot_ms=16, min_gpus=8)}
+    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=3), pool("aws", "p4de.24xlarge", "us-east-1", total=1)]
+    big = online_job("big", MODEL, rate=0.95 * 3 * 6.25, ttft_ms=2000, tpot_ms=16)
+    base = snapshot([big, online_job("small", MODEL, rate=1.0, ttft_ms=2000, tpot_ms=80)], pools)
+    h100, a100 = base.resources.pools
+    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1),
+                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
+    snap = with_running(base, {"small": running})
+    jc = generate(snap, PlanningContext(predictor=_Queueing(rows)))["big"]
+    # the headroom (four H100 replicas' worth, 25 req/s) would need three H100 + two A100 replicas; the
+    # A100 pool holds one: three H100 + one A100 (21.9 req/s) would keep only part of it
+    assert [("A100-80GB", 1), ("H100", 3)] not in [_ranks(c) for c in jc.all_scored]

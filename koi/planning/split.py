@@ -129,15 +129,17 @@ def split_ladders(rows: SplitRows, ctx: PlanningContext, pools: Mapping[str, Poo
     def build(i: int, fill: list[int]) -> tuple[RankSpec, ...] | None:
         p0 = protos[rows_p[i]]
         need = p0.n * (p0.est.cap_tps if online else p0.est.sat_tps)
-        # what may stay uncovered: nothing, except that a headroom-sized ladder over whole pools
-        # may keep the part of its headroom its (at most two) pools cannot hold, as long as it
-        # carries the demand itself (C3 then judges whether what is left is enough)
+        # what may stay uncovered: nothing, except that a headroom-sized ladder over whole pools,
+        # for a job whose first pool cannot hold even the chain's minimum size (the split is
+        # needed, not a choice), may keep the part of its headroom its (at most two) pools cannot
+        # hold, as long as it carries the demand itself (C3 then judges whether what is left is enough)
         slack = 0.0
         if online and lam > 0:
             demand = lam * p0.est.cap_tps / max(p0.est.cap_rps, 1e-12)
-            if p0.n == size_online(lam, p0.est.cap_rps):
+            n_min = size_online(lam, p0.est.cap_rps)
+            if p0.n == n_min:
                 need = min(need, demand)
-            elif whole_pools:
+            elif whole_pools and fit_in(i, n_min) < n_min:
                 slack = max(need - demand, 0.0)
         ranks: list[RankSpec] = []
         left = dict(free)
