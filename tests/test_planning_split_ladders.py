@@ -77,3 +77,69 @@ def test_a_split_ladder_that_lost_a_node_can_be_rebuilt_on_its_own_nodes_plus_a_
     assert [p.free_instances for p in snap.resources.pools] == [1, 0]
     jc = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS)))["big"]
     assert [("A100-80GB", 1), ("H100", 2)] in [_ranks(c) for c in jc.candidates]
+
+
+class _Queueing(FixedPredictor):
+    """FixedPredictor whose p99s grow with load as 0.24 / (1 − u) (u: share of saturation): a replica at 95%
+    of its SLO capacity (u = 0.76) sits on its targets, so a ladder sized to the demand alone breaches C3."""
+
+    def latency(self, job, chains, per_replica_rps):  # noqa: ANN001, ANN201
+        import numpy as np
+
+        rows = [self._row(job, c) for c in chains]
+        osl = float(job.workload.osl)
+        rps = np.broadcast_to(np.asarray(per_replica_rps, dtype=float), (len(rows),))
+        sat = np.array([r.sat_tps / osl if r else np.nan for r in rows])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = np.where(rps < sat, 0.24 / (1.0 - rps / sat), np.inf)
+        f = np.where(np.isnan(f), np.inf, f)
+        return (np.array([r.ttft_ms if r else np.inf for r in rows]) * f,
+                np.array([r.tpot_ms if r else np.inf for r in rows]) * f)
+
+
+def test_a_whole_pool_split_keeps_what_headroom_its_two_pools_hold():
+    """agent-235b on hetero-3h under the oracle: the whole MI300X pool (four replicas) plus a filler sized
+    to the demand runs at ~95% of its SLO capacity and breaches τ (so does the first rank's own minimum
+    size, which therefore is no first rank); its headroom size wants more than any second pool holds.
+    The ladder between the two — both pools' worth, more than the demand, less than the full headroom —
+    must be an option (it was never built: a ladder had to cover the whole headroom or nothing)."""
+    rows = {(MODEL, "H100"): FixedRow(sat_tps=2000, ttft_ms=400, tpot_ms=16, min_gpus=8),  # 6.25 req/s at the cap
+            (MODEL, "A100-80GB"): FixedRow(sat_tps=1000, ttft_ms=400, tpot_ms=16, min_gpus=8)}  # 3.125 req/s
+    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=2), pool("aws", "p4de.24xlarge", "us-east-1", total=3)]
+    # 17.8 req/s: three H100 replicas at 95% of their SLO capacity, four with headroom; the H100 pool holds two
+    big = online_job("big", MODEL, rate=0.95 * 3 * 6.25, ttft_ms=2000, tpot_ms=16)
+    base = snapshot([big, online_job("small", MODEL, rate=1.0, ttft_ms=2000, tpot_ms=80)], pools)
+    h100, a100 = base.resources.pools
+    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1),
+                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
+    snap = with_running(base, {"small": running})
+    jc = generate(snap, PlanningContext(predictor=_Queueing(rows)))["big"]
+    scored = {tuple(_ranks(c)): c for c in jc.all_scored}
+    # both pools whole (21.9 req/s; the headroom wanted 25): within τ, an option
+    both = scored.get((("A100-80GB", 3), ("H100", 2)))
+    assert both is not None and both.c3_ok
+    assert [("A100-80GB", 3), ("H100", 2)] in [_ranks(c) for c in jc.candidates]
+    # once a reservation has made that room, the ladder is still an option (the free-capacity pass
+    # builds only ladders that cover their whole headroom)
+    free = generate(base, PlanningContext(predictor=_Queueing(rows)))["big"]
+    assert [("A100-80GB", 3), ("H100", 2)] in [_ranks(c) for c in free.candidates]
+
+
+def test_no_short_headroom_split_when_the_first_pool_holds_the_minimum_size():
+    """The same job, but its first pool holds the chain's minimum size (three H100 replicas): the job
+    needs no split, so a split keeps its headroom in full or is not built (its first pool's own
+    ladders carry the job; the rolling MILP on hetero-3h lost 0.2 composite to a short split that
+    added one slow replica in another pool when this was not so)."""
+    rows = {(MODEL, "H100"): FixedRow(sat_tps=2000, ttft_ms=400, tpot_ms=16, min_gpus=8),
+            (MODEL, "A100-80GB"): FixedRow(sat_tps=1000, ttft_ms=400, tpot_ms=16, min_gpus=8)}
+    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=3), pool("aws", "p4de.24xlarge", "us-east-1", total=1)]
+    big = online_job("big", MODEL, rate=0.95 * 3 * 6.25, ttft_ms=2000, tpot_ms=16)
+    base = snapshot([big, online_job("small", MODEL, rate=1.0, ttft_ms=2000, tpot_ms=80)], pools)
+    h100, a100 = base.resources.pools
+    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1),
+                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
+    snap = with_running(base, {"small": running})
+    jc = generate(snap, PlanningContext(predictor=_Queueing(rows)))["big"]
+    # the headroom (four H100 replicas' worth, 25 req/s) would need three H100 + two A100 replicas; the
+    # A100 pool holds one: three H100 + one A100 (21.9 req/s) would keep only part of it
+    assert [("A100-80GB", 1), ("H100", 3)] not in [_ranks(c) for c in jc.all_scored]

@@ -124,11 +124,23 @@ def split_ladders(rows: SplitRows, ctx: PlanningContext, pools: Mapping[str, Poo
     # remainder lands on as few instances (and ranks) as possible
     pos = {i: n for n, i in enumerate(ranked)}
     filler_rows = sorted(fillers.values(), key=(lambda i: (-density(i), pos[i])) if whole_pools else pos.__getitem__)
+    short: set[str] = set()  # ladders that keep only part of their headroom (whole pools)
+
     def build(i: int, fill: list[int]) -> tuple[RankSpec, ...] | None:
         p0 = protos[rows_p[i]]
         need = p0.n * (p0.est.cap_tps if online else p0.est.sat_tps)
-        if online and lam > 0 and p0.n == size_online(lam, p0.est.cap_rps):
-            need = min(need, lam * p0.est.cap_tps / max(p0.est.cap_rps, 1e-12))
+        # what may stay uncovered: nothing, except that a headroom-sized ladder over whole pools,
+        # for a job whose first pool cannot hold even the chain's minimum size (the split is
+        # needed, not a choice), may keep the part of its headroom its (at most two) pools cannot
+        # hold, as long as it carries the demand itself (C3 then judges whether what is left is enough)
+        slack = 0.0
+        if online and lam > 0:
+            demand = lam * p0.est.cap_tps / max(p0.est.cap_rps, 1e-12)
+            n_min = size_online(lam, p0.est.cap_rps)
+            if p0.n == n_min:
+                need = min(need, demand)
+            elif whole_pools and fit_in(i, n_min) < n_min:
+                slack = max(need - demand, 0.0)
         ranks: list[RankSpec] = []
         left = dict(free)
         used: set[str] = set()
@@ -151,7 +163,11 @@ def split_ladders(rows: SplitRows, ctx: PlanningContext, pools: Mapping[str, Poo
             used.add(pid)
             left[pid] -= spec.instances
             need -= fit * rate
-        return tuple(ranks) if len(ranks) >= 2 and need <= 1e-9 else None
+        if len(ranks) < 2 or need > slack + 1e-9:
+            return None
+        if need > 1e-9:
+            short.add(ladder_key(ranks))
+        return tuple(ranks)
 
     out: dict[str, tuple[RankSpec, ...]] = {}
     if not whole_pools:
@@ -170,8 +186,11 @@ def split_ladders(rows: SplitRows, ctx: PlanningContext, pools: Mapping[str, Poo
     for i in firsts[:4 * e.hetero_top]:
         for j in range(len(filler_rows)):
             lad = build(i, [filler_rows[j], *filler_rows[:j], *filler_rows[j + 1:]])
-            # one that fits the free instances now is the free-capacity pass's business
-            if lad is not None and any(r.instances > pools[r.pool_id].free_instances for r in lad):
+            # one that fits the free instances now is the free-capacity pass's business, unless it
+            # keeps only part of its headroom: that pass never builds those, and a reservation that
+            # made room for one last tick must find it again once the room is free
+            if lad is not None and (ladder_key(lad) in short
+                                    or any(r.instances > pools[r.pool_id].free_instances for r in lad)):
                 out.setdefault(ladder_key(lad), lad)
     # (3 × hetero_top of them: the tightest may fail C3 once evaluated)
     best = sorted(out, key=lambda k: (sum(r.instances * r.gpus_per_instance for r in out[k]), k))

@@ -27,8 +27,12 @@ engine, job id; every given field must match). The oracle's predictor is environ
 Not modelled (they are random events, not hidden effects): replicas that fail to materialise or
 come up degraded, spot reclaims, node failures. The rest is the ``milp`` policy: the joint
 selector every tick, β = 0, no exploration, no residual learning, S2/S3 off; the DRO band keeps
-its cold radius ε = 0.15 (latency tails are still stochastic). S5 validates its plans with the
-ordinary (fresh) surrogate, as it validates everyone's.
+its cold radius ε = 0.15 (latency tails are still stochastic). S5 validates its plans as it
+validates everyone's: with the surrogate fitted on the run's PerfDB (S1 records every serving
+rank, for every policy), not with the hidden effects. Where that surrogate and the truth disagree
+S5 overrules the oracle both ways — it reverts oracle ladders it predicts over τ (C3) and, when
+the oracle defers a job, may admit it on a ladder the oracle knows breaches (C6) — which is why
+the oracle is a bound on the planner's model, not on what the validator lets through.
 """
 
 from __future__ import annotations
