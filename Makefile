@@ -5,15 +5,24 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench clean
+.PHONY: run test install lock lint bench clean
 
-$(STAMP): pyproject.toml
+# pinned by constraints.txt: the same numerics on every machine (see that file)
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+## re-resolve pyproject.toml's ranges in a scratch venv and pin the result in constraints.txt
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --upgrade pip
+	.lock-venv/bin/python -m pip install --quiet -e '.[dev]'
+	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
 ## the main job on the embedded default (SQLite, Temporal dev server, simulated fleet)
 run: $(STAMP)
