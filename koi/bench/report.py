@@ -122,15 +122,19 @@ def _label(r: PolicyRow) -> str:
 def delta_vs_best(rows: Sequence[PolicyRow], subject: str = KOI, *, ablations: bool = False) -> dict[str, str] | None:
     """``subject`` against the best other policy by overall score (percentage points for percentages,
     relative % for goodput, score and $/token, where lower cost counts as a gain); the oracle never
-    counts, Koi's own variants (its ablations and its RLM planner on a scripted or real LLM, the
-    ``koi-*`` policies) only with ``ablations``: they are Koi, not baselines. None without both."""
+    counts, nor do Koi's own variants (its ablations and its RLM planner on a scripted or real LLM,
+    the ``koi-*`` policies): they are Koi, not baselines. With ``ablations`` the other side is the best
+    ablation proper (the RLM planner makes Koi's plans, so it would show a tie). None without both."""
     me = next((r for r in rows if r.policy == subject), None)
-    pool = [r for r in rows if r.policy != subject and not r.is_oracle
-            and (ablations or not (r.family == Family.ABLATION.value or r.policy.startswith(f"{subject}-")))]
+    if ablations:
+        pool = [r for r in rows if r.policy != subject and r.family == Family.ABLATION.value]
+    else:
+        pool = [r for r in rows if r.policy != subject and not r.is_oracle
+                and not (r.family == Family.ABLATION.value or r.policy.startswith(f"{subject}-"))]
     if me is None or not pool:
         return None
     best = max(pool, key=lambda r: r.mean("composite"))
-    out = {"vs": best.label}
+    out = {"vs": best.label, "what": "best ablation" if ablations else "best baseline"}
     for metric, _h, _s, _higher, pct in MAIN_COLUMNS:
         a, b = me.mean(metric), best.mean(metric)
         if not (math.isfinite(a) and math.isfinite(b)):
@@ -166,7 +170,7 @@ def markdown_table(rows: Sequence[PolicyRow], *, title: str = "", delta: dict[st
             cells.append(c)
         lines.append(f"| {_label(r)} | " + " | ".join(cells) + " |")
     if delta:
-        lines.append(f"| Δ vs. best baseline ({delta['vs']}) | " + " | ".join(delta[m] for m, *_ in MAIN_COLUMNS) + " |")
+        lines.append(f"| Δ vs. {delta.get('what', 'best baseline')} ({delta['vs']}) | " + " | ".join(delta[m] for m, *_ in MAIN_COLUMNS) + " |")
     return "\n".join(lines)
 
 
