@@ -97,22 +97,28 @@ class _Queueing(FixedPredictor):
                 np.array([r.tpot_ms if r else np.inf for r in rows]) * f)
 
 
+def _big_job_case(h100_instances: int, a100_instances: int):  # noqa: ANN202
+    """A 17.8 req/s job (three H100 replicas at 95% of their SLO capacity, four with headroom) beside a
+    small job running on one replica in each pool: (rows, snapshot without / with the small job running)."""
+    rows = {(MODEL, "H100"): FixedRow(sat_tps=2000, ttft_ms=400, tpot_ms=16, min_gpus=8),  # 6.25 req/s at the cap
+            (MODEL, "A100-80GB"): FixedRow(sat_tps=1000, ttft_ms=400, tpot_ms=16, min_gpus=8)}  # 3.125 req/s
+    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=h100_instances),
+             pool("aws", "p4de.24xlarge", "us-east-1", total=a100_instances)]
+    big = online_job("big", MODEL, rate=0.95 * 3 * 6.25, ttft_ms=2000, tpot_ms=16)
+    base = snapshot([big, online_job("small", MODEL, rate=1.0, ttft_ms=2000, tpot_ms=80)], pools)
+    h100, a100 = base.resources.pools
+    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1),
+                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
+    return rows, base, with_running(base, {"small": running})
+
+
 def test_a_whole_pool_split_keeps_what_headroom_its_two_pools_hold():
     """agent-235b on hetero-3h under the oracle: the whole MI300X pool (four replicas) plus a filler sized
     to the demand runs at ~95% of its SLO capacity and breaches τ (so does the first rank's own minimum
     size, which therefore is no first rank); its headroom size wants more than any second pool holds.
     The ladder between the two — both pools' worth, more than the demand, less than the full headroom —
     must be an option (it was never built: a ladder had to cover the whole headroom or nothing)."""
-    rows = {(MODEL, "H100"): FixedRow(sat_tps=2000, ttft_ms=400, tpot_ms=16, min_gpus=8),  # 6.25 req/s at the cap
-            (MODEL, "A100-80GB"): FixedRow(sat_tps=1000, ttft_ms=400, tpot_ms=16, min_gpus=8)}  # 3.125 req/s
-    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=2), pool("aws", "p4de.24xlarge", "us-east-1", total=3)]
-    # 17.8 req/s: three H100 replicas at 95% of their SLO capacity, four with headroom; the H100 pool holds two
-    big = online_job("big", MODEL, rate=0.95 * 3 * 6.25, ttft_ms=2000, tpot_ms=16)
-    base = snapshot([big, online_job("small", MODEL, rate=1.0, ttft_ms=2000, tpot_ms=80)], pools)
-    h100, a100 = base.resources.pools
-    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1),
-                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
-    snap = with_running(base, {"small": running})
+    rows, base, snap = _big_job_case(2, 3)  # the H100 pool holds two of the three replicas the job needs
     jc = generate(snap, PlanningContext(predictor=_Queueing(rows)))["big"]
     scored = {tuple(_ranks(c)): c for c in jc.all_scored}
     # both pools whole (21.9 req/s; the headroom wanted 25): within τ, an option
@@ -130,15 +136,7 @@ def test_no_short_headroom_split_when_the_first_pool_holds_the_minimum_size():
     needs no split, so a split keeps its headroom in full or is not built (its first pool's own
     ladders carry the job; the rolling MILP on hetero-3h lost 0.2 composite to a short split that
     added one slow replica in another pool when this was not so)."""
-    rows = {(MODEL, "H100"): FixedRow(sat_tps=2000, ttft_ms=400, tpot_ms=16, min_gpus=8),
-            (MODEL, "A100-80GB"): FixedRow(sat_tps=1000, ttft_ms=400, tpot_ms=16, min_gpus=8)}
-    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=3), pool("aws", "p4de.24xlarge", "us-east-1", total=1)]
-    big = online_job("big", MODEL, rate=0.95 * 3 * 6.25, ttft_ms=2000, tpot_ms=16)
-    base = snapshot([big, online_job("small", MODEL, rate=1.0, ttft_ms=2000, tpot_ms=80)], pools)
-    h100, a100 = base.resources.pools
-    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1),
-                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
-    snap = with_running(base, {"small": running})
+    rows, _base, snap = _big_job_case(3, 1)
     jc = generate(snap, PlanningContext(predictor=_Queueing(rows)))["big"]
     # the headroom (four H100 replicas' worth, 25 req/s) would need three H100 + two A100 replicas; the
     # A100 pool holds one: three H100 + one A100 (21.9 req/s) would keep only part of it
