@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -280,54 +280,35 @@ class _MemoMixin:
         self._m()[k] = (scope, value)
         return value
 
-    def _by_keys(self, k: tuple, scope: Any) -> tuple[tuple, Any]:
-        """The value-keyed memo entry of ``k`` for ``scope``: speed and factors depend on a scope only
-        through its effect keys, and many distinct scope objects (chains differing in settings the
-        scope does not carry) share them."""
+    def _lookup(self, name: str, args: tuple, scope: Any, compute: Callable[[], Any]) -> Any:
+        """The memoized ``name(scope, *args)``: by the scope object first, then by the scope's effect keys
+        (speed, factors and support read a scope only through them, and many distinct scope objects —
+        chains differing in settings the scope does not carry — share them); ``compute`` on a miss of both."""
         from koi.surrogate.scope import effect_keys
 
-        vk = (*k, effect_keys(scope))
-        return vk, self._m().get(vk, _MISS)
+        k = (name, id(scope), *args)
+        v = self._get(k, scope)
+        if v is _MISS:
+            m = self._m()
+            vk = (name, *args, effect_keys(scope))
+            v = m.get(vk, _MISS)
+            if v is _MISS:
+                v = m[vk] = compute()
+            self._put(k, scope, v)
+        return v
 
     def speed(self, scope: Any, skip: tuple[str, ...] = ()) -> float:
-        k = ("speed", id(scope), skip)
-        v = self._get(k, scope)
-        if v is _MISS:
-            vk, v = self._by_keys(("speed", skip), scope)
-            if v is _MISS:
-                v = self._m()[vk] = super().speed(scope, skip)  # type: ignore[misc]
-            self._put(k, scope, v)
-        return v
+        return self._lookup("speed", (skip,), scope, lambda: super(_MemoMixin, self).speed(scope, skip))
 
     def factor(self, quantity: str, scope: Any, skip: tuple[str, ...] = ()) -> float:
-        k = ("factor", quantity, id(scope), skip)
-        v = self._get(k, scope)
-        if v is _MISS:
-            vk, v = self._by_keys(("factor", quantity, skip), scope)
-            if v is _MISS:
-                v = self._m()[vk] = super().factor(quantity, scope, skip)  # type: ignore[misc]
-            self._put(k, scope, v)
-        return v
+        return self._lookup("factor", (quantity, skip), scope,
+                            lambda: super(_MemoMixin, self).factor(quantity, scope, skip))
 
     def factor_row(self, scope: Any, skip: tuple[str, ...] = ()) -> tuple[float, ...]:
-        k = ("factor_row", id(scope), skip)
-        v = self._get(k, scope)
-        if v is _MISS:
-            vk, v = self._by_keys(("factor_row", skip), scope)
-            if v is _MISS:
-                v = self._m()[vk] = super().factor_row(scope, skip)  # type: ignore[misc]
-            self._put(k, scope, v)
-        return v
+        return self._lookup("factor_row", (skip,), scope, lambda: super(_MemoMixin, self).factor_row(scope, skip))
 
     def support(self, scope: Any) -> int:
-        k = ("support", id(scope))
-        v = self._get(k, scope)
-        if v is _MISS:
-            vk, v = self._by_keys(("support",), scope)  # reads the scope's fine key only
-            if v is _MISS:
-                v = self._m()[vk] = super().support(scope)  # type: ignore[misc]
-            self._put(k, scope, v)
-        return v
+        return self._lookup("support", (), scope, lambda: super(_MemoMixin, self).support(scope))
 
     def _index(self, objective: str) -> dict[str, dict[str, np.ndarray]]:
         m = self._m()
