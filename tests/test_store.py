@@ -666,3 +666,39 @@ def test_fence_loser_rechecks_after_the_winner_commits(engine):
     assert result["b"] is False
     with store.session_scope(engine) as s:
         assert store.get_fence(s, C) == 5
+
+
+def test_perfdb_reads_on_several_threads_share_the_record_cache_safely(engine, monkeypatch):
+    """Activity workers run stages on several threads: reads that evict each other's cached records
+    (a cache of one entry, the thread switch forced often) must neither fail nor mix up records."""
+    import sys
+    import threading
+
+    from koi.store.repos import perf
+
+    recs = [store.PerfRecord.of(C, t, online_job(), rank("aws"), observed_v={}, observed_y={"p99_ttft_ms": 100.0 + t})
+            for t in range(4)]
+    with store.session_scope(engine) as s:
+        store.save_perf_records(s, recs)
+    monkeypatch.setattr(perf, "_PARSED_MAX", 1)
+    errors: list[BaseException] = []
+
+    def reader(tick: int) -> None:
+        try:
+            with store.session_scope(engine) as s:
+                for _ in range(100):  # every read walks all four rows through a one-entry cache
+                    assert store.query_perf(s, cluster_id=C, since_tick=tick) == recs[tick:]
+        except BaseException as exc:  # noqa: BLE001 - any failure in a thread fails the test
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=reader, args=(t % 4,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[:1]

@@ -23,6 +23,7 @@ commensurate (see :mod:`koi.scoring.tchebycheff`).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -83,6 +84,7 @@ def _observed_risk(session: Session, cluster_id: str, tick: int) -> dict[str, fl
 #: Fitted predictors by the digest of the PerfDB records they were fitted on (newest last).
 _FITTED: OrderedDict[str, Predictor] = OrderedDict()
 _FITTED_MAX = 4
+_FITTED_LOCK = threading.Lock()  # activity workers run stages on several threads
 
 
 def fitted_predictor(session: Session, cluster_id: str) -> Predictor:
@@ -101,16 +103,18 @@ def fitted_predictor(session: Session, cluster_id: str) -> Predictor:
     if not records:
         return SurrogatePredictor(None)
     key = digest(records)
-    hit = _FITTED.get(key)
-    if hit is not None:
-        _FITTED.move_to_end(key)
-        return hit
-    sur = Surrogate.from_records(records)
+    with _FITTED_LOCK:
+        hit = _FITTED.get(key)
+        if hit is not None:
+            _FITTED.move_to_end(key)
+            return hit
+    sur = Surrogate.from_records(records)  # outside the lock: two threads may fit the same records once each
     sur.residuals = memo_residuals(sur.residuals)
     pred = SurrogatePredictor(sur)
-    _FITTED[key] = pred
-    while len(_FITTED) > _FITTED_MAX:
-        _FITTED.popitem(last=False)
+    with _FITTED_LOCK:
+        _FITTED[key] = pred
+        while len(_FITTED) > _FITTED_MAX:
+            _FITTED.popitem(last=False)
     return pred
 
 

@@ -8,6 +8,7 @@ corrections and nearest-neighbour lookups query it by model, GPU and config.
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -143,13 +144,17 @@ _RAW_COLUMNS = (
 #: and S5 each read the whole PerfDB every tick, and validating the same rows again dominated the read.
 _PARSED: OrderedDict[tuple, PerfRecord] = OrderedDict()
 _PARSED_MAX = 20_000
+_PARSED_LOCK = threading.Lock()  # activity workers read the PerfDB on several threads
 
 
 def _parsed(raw: tuple) -> PerfRecord:
     """The record of one raw row: validated once per distinct row content, then rebuilt without
     validation (fresh dicts, the frozen environment and config shared), so callers may keep or change
     what they get as before. A row changed in place (an upsert) has a new key, so it is validated anew."""
-    hit = _PARSED.get(raw)
+    with _PARSED_LOCK:
+        hit = _PARSED.get(raw)
+        if hit is not None:
+            _PARSED.move_to_end(raw)
     if hit is None:
         (cid, tick, job_id, rank_id, model, env_id, n_rep, kind, isl, osl, rate, n_samples,
          config, ov, oy, pr) = raw  # fmt: skip
@@ -159,11 +164,10 @@ def _parsed(raw: tuple) -> PerfRecord:
             n_replicas=n_rep, workload_kind=kind, isl=isl, osl=osl, rate_rps=rate, n_samples=n_samples,
             observed_v=json.loads(ov), observed_y=json.loads(oy), predicted=json.loads(pr),
         )  # fmt: skip
-        _PARSED[raw] = hit
-        if len(_PARSED) > _PARSED_MAX:
-            _PARSED.popitem(last=False)
-    else:
-        _PARSED.move_to_end(raw)
+        with _PARSED_LOCK:
+            _PARSED[raw] = hit
+            if len(_PARSED) > _PARSED_MAX:
+                _PARSED.popitem(last=False)
     return hit.model_construct(
         _fields_set=hit.model_fields_set,
         **{**hit.__dict__, "observed_v": dict(hit.observed_v), "observed_y": dict(hit.observed_y),
