@@ -97,6 +97,31 @@ def test_npz_cache_round_trip(h100, tmp_path):
     assert back.sources == h100.sources
 
 
+def test_npz_cache_concurrent_writers_do_not_race(h100, tmp_path):
+    """Bench workers write the same cache file at once; each must finish and leave a readable file."""
+    import threading
+
+    path = tmp_path / "t.npz"
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        start.wait()
+        try:
+            h100.to_npz(path)
+        except BaseException as exc:  # noqa: BLE001  (collected and asserted below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.npz"]
+    assert OpTables.from_npz(path).sources == h100.sources
+
+
 # ---- GPU rescaling ------------------------------------------------------------------------------------
 def test_unprofiled_gpus_borrow_the_nearest_profiled_one():
     expect = {"A10G": "L40S", "L4": "L40S", "A100-40GB": "A100-80GB", "MI300X": "H200"}

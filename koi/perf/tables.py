@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -300,9 +301,14 @@ class OpTables:
         meta = {"system": self.system, "backend": self.backend, "sources": self.sources, "index": index}
         arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.stem + ".tmp.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
+        # A temp name unique to this process and thread: bench workers build the same tables at
+        # once, and a shared temp name let one worker's rename pull the file from under another's.
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}-{threading.get_ident()}.tmp.npz")
+        try:
+            np.savez(tmp, **arrays)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @classmethod
     def from_npz(cls, path: Path) -> OpTables:
