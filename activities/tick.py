@@ -1,4 +1,4 @@
-"""The tick's activities: thin wrappers over :mod:`koi.pipeline.stages`.
+"""The tick's activities: thin wrappers over :mod:`koi.pipeline.stages` and :mod:`koi.pipeline.deploy`.
 
 Each activity takes a small reference (cluster, tick, attempt), lets the stage load
 its inputs from the store, run, and persist its output, and returns the stage's small
@@ -21,7 +21,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from koi.logging import get_logger
-from koi.pipeline import stages
+from koi.pipeline import deploy, stages
 from koi.pipeline.errors import InputError, describe, is_retryable
 from koi.pipeline.messages import (
     AdvanceInput,
@@ -126,12 +126,12 @@ class TickActivities:
     @activity.defn(name="s6_deploy")
     @translate
     def s6_deploy(self, ref: StageRef) -> DeploySummary:
-        return stages.s6_deploy(self.rt, ref)
+        return deploy.s6_deploy(self.rt, ref)
 
     @activity.defn(name="compensate_keep_all")
     @translate
     def compensate_keep_all(self, ref: StageRef, reason: str) -> CompensationSummary:
-        return stages.compensate_keep_all(self.rt, ref, reason)
+        return deploy.compensate_keep_all(self.rt, ref, reason)
 
     @activity.defn(name="finish_tick")
     @translate

@@ -17,7 +17,7 @@ from koi.domain import (
     Rank,
     ResourceMap,
 )
-from koi.pipeline import ProposeContext, Runtime, Verdict, run_tick, run_ticks, stages
+from koi.pipeline import ProposeContext, Runtime, Verdict, deploy, run_tick, run_ticks, stages
 from koi.pipeline.messages import StageRef, TickOutcome
 from koi.pipeline.world import decode_checkpoint, load_checkpoint
 from koi.store import get_fence, get_plan_row, get_tick, init_db, list_deploys, make_engine, session_scope
@@ -134,7 +134,7 @@ def test_partial_deploy_is_rolled_back_and_a_reset_redeploys(rt):
         w = LedgerWorld.restore(decode_checkpoint(found[1]))
         w.fail_launches.clear()
         save_checkpoint(s, CLUSTER, found[0], encode_checkpoint(w.checkpoint(), w.now()))
-    d = stages.s6_deploy(rt, StageRef(cluster_id=CLUSTER, tick=0))
+    d = deploy.s6_deploy(rt, StageRef(cluster_id=CLUSTER, tick=0))
     assert d.committed and d.launched == 2 and d.epoch == 1
     assert sorted(world(rt).ranks) == sorted(rank().rank_id(f"job-{i}") for i in range(2))
     with session_scope(rt.engine) as s:
@@ -148,8 +148,8 @@ def test_s6_retried_deploys_nothing_twice(rt):
     for fn in (stages.s0_snapshot, stages.s1_observe, stages.s2_validate, stages.s3_slow_update, stages.s4_plan,
                stages.s5_validate_plan):
         fn(rt, ref)
-    first = stages.s6_deploy(rt, ref)
-    again = stages.s6_deploy(rt, ref)
+    first = deploy.s6_deploy(rt, ref)
+    again = deploy.s6_deploy(rt, ref)
     assert first.launched == 2 and again.launched == 0 and again.duplicates == 2
     assert all(n == 1 for n in world(rt).launches.values())
 
@@ -165,7 +165,7 @@ def test_the_fence_refuses_a_stale_tick(rt):
     from koi.pipeline.errors import StaleTick
 
     with pytest.raises(StaleTick):
-        stages.s6_deploy(rt, ref0)
+        deploy.s6_deploy(rt, ref0)
     with session_scope(rt.engine) as s:
         assert get_fence(s, CLUSTER) == 1 and get_plan_row(s, CLUSTER, 1).committed
     assert all(n == 1 for n in world(rt).launches.values())
@@ -201,8 +201,8 @@ def test_a_stale_rerun_of_a_committed_tick_undoes_nothing(rt):
     before = dict(world(rt).ranks)
     assert len(before) == 2
     with pytest.raises(StaleTick):
-        stages.s6_deploy(rt, StageRef(cluster_id=CLUSTER, tick=0))
-    comp = stages.compensate_keep_all(rt, StageRef(cluster_id=CLUSTER, tick=0), "StaleTick")
+        deploy.s6_deploy(rt, StageRef(cluster_id=CLUSTER, tick=0))
+    comp = deploy.compensate_keep_all(rt, StageRef(cluster_id=CLUSTER, tick=0), "StaleTick")
     assert comp.undone == 0 and world(rt).ranks == before
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from koi.domain.chain import ChainConfig, Ladder, Rank
 from koi.domain.plan import Action, Plan
-from koi.pipeline.stages import plan_ops
+from koi.pipeline.deploy import plan_ops
 from koi.planning.synthetic import online_job, pool, snapshot, with_running
 
 H100 = ("aws", "p5.48xlarge")

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from infra.ledger import LedgerWorld
 from koi.domain import Ladder, Rank, ResourceMap
 from koi.domain.plan import Action, Plan
-from koi.pipeline.stages import plan_ops
+from koi.pipeline.deploy import plan_ops
 from koi.planning.candidates import generate
 from koi.planning.context import PlanningContext
 from koi.planning.gateway import keep_route_weights

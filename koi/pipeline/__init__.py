@@ -12,8 +12,9 @@ Public API::
   passed through the workflow sandbox); :class:`TickResult` is the tick's outcome
   (``committed`` or ``fallback`` with a reason).
 - :mod:`koi.pipeline.stages`: ``sync_jobs``, ``ensure_world``, ``s0_snapshot`` …
-  ``s6_deploy``, ``compensate_keep_all``, ``finish_tick``, ``advance_world`` —
-  ``stage(runtime, input) -> summary``; the Temporal activities are thin wrappers.
+  ``s5_validate_plan``, ``finish_tick``, ``advance_world`` and :mod:`koi.pipeline.deploy`:
+  ``s6_deploy``, ``compensate_keep_all`` — ``stage(runtime, input) -> summary``; the
+  Temporal activities are thin wrappers.
 - :mod:`koi.pipeline.runner`: :func:`run_tick` / :func:`run_ticks`, the in-process
   runner with the TickWorkflow's semantics (one repair round, keep-all on any failure).
 - :mod:`koi.pipeline.world`: where the world lives (checkpoints in the store, or one

@@ -22,7 +22,7 @@ from typing import Any
 
 from koi.domain import Job
 from koi.logging import get_logger
-from koi.pipeline import stages
+from koi.pipeline import deploy, stages
 from koi.pipeline.errors import InputError, describe, is_retryable
 from koi.pipeline.messages import (
     AdvanceInput,
@@ -106,14 +106,14 @@ def run_tick(
             raise PlanInvalid(
                 f"plan invalid after {res.validation.attempt + 1} attempt(s): " + "; ".join(res.validation.violations[:5])
             )
-        res.deploy = step(StageName.S6_DEPLOY, stages.s6_deploy, ref)
+        res.deploy = step(StageName.S6_DEPLOY, deploy.s6_deploy, ref)
         res.outcome = TickOutcome.COMMITTED
     except Exception as exc:  # any failure in S0–S6: keep-all
         res.failed_stage = current.value
         res.reason = f"{current.value}: {type(exc).__name__}: {describe(exc)}"[:2000]
         log.warning("tick.fallback", cluster=cluster_id, tick=tick, stage=current.value, error=str(exc)[:500])
         t0 = time.perf_counter()
-        res.compensation = _call(stages.compensate_keep_all, rt, ref, res.reason, retries=retries)
+        res.compensation = _call(deploy.compensate_keep_all, rt, ref, res.reason, retries=retries)
         timings[StageName.COMPENSATE.value] = round(time.perf_counter() - t0, 6)
         res.outcome = TickOutcome.FALLBACK
     timings["total"] = round(time.perf_counter() - t_start, 6)

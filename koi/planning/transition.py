@@ -18,7 +18,7 @@ def transition_gaps(current: Sequence[RankSpec] | None, ladders: Sequence[Sequen
     """Share of a tick's demand each swap leaves unserved while it happens (0 for a placement).
 
     S6 replaces a running rank *in place* — tears it down before its successor starts — when its
-    pool has no free room for the successor (:func:`koi.pipeline.stages.plan_ops`, wave 1); elsewhere
+    pool has no free room for the successor (:func:`koi.pipeline.deploy.plan_ops`, wave 1); elsewhere
     the old ranks keep serving until the new ones do (make before break). An in-place replacement
     therefore leaves the old rank's share of the job's traffic without a server for the new chain's
     cold start. SwitchCost prices churn in dollars (whitepaper, "The Cluster Objective"); this is the
