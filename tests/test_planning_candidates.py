@@ -10,16 +10,11 @@ import pytest
 from koi.domain.chain import ChainConfig, Ladder, Rank
 from koi.domain.common import DType
 from koi.planning.budget import build_budget_book
-from koi.planning.candidates import (
-    CandidateGenerator,
-    OptionKind,
-    batch_curve,
-    chain_configs,
-    demand_tps,
-    generate,
-    size_online,
-)
+from koi.planning.candidates import CandidateGenerator, OptionKind, generate
+from koi.planning.capacity import size_online
 from koi.planning.context import PlanningContext
+from koi.planning.demand import batch_curve, demand_tps
+from koi.planning.enumeration import chain_configs
 from koi.planning.predictor import AnalyticPredictor, FixedPredictor, FixedRow
 from koi.planning.synthetic import batch_job, online_job, pool, snapshot, with_running
 
@@ -147,7 +142,7 @@ def test_slice_bounds_the_ladder() -> None:
 
 def test_evaluate_ladder_outcomes_are_consistent() -> None:
     from koi import outcomes
-    from koi.planning.candidates import evaluate_ladders
+    from koi.planning.ladder_eval import evaluate_ladders
 
     p = pool("aws", "p5.48xlarge", "us-east-1", total=4)
     snap = snapshot([online_job("o", "llama-3.1-8b", 5.0, 1500, 40)], [p])

@@ -85,7 +85,8 @@ def test_a_reclaiming_plan_is_rejected() -> None:
     c3 = [d for d in res.diagnostics if d.constraint is Constraint.C3]
     assert [d.job_id for d in c3] == ["phi4-svc"]
     # the numbers of the paper: 786 tok/s of capacity against an 834 tok/s requirement
-    from koi.planning.candidates import CandidateGenerator, evaluate_ladders
+    from koi.planning.candidates import CandidateGenerator
+    from koi.planning.ladder_eval import evaluate_ladders
 
     gen = CandidateGenerator(snap, ctx)
     js = snap.job("phi4-svc")

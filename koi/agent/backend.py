@@ -10,7 +10,8 @@ trajectory collects the admitted proposals for the pipeline).
 The methods delegate to the other rooms, so the REPL's numbers are exactly the numbers
 S4 and S5 use:
 
-- candidates, sizing, ladder evaluation: :mod:`koi.planning.candidates`;
+- candidates and sizing: :mod:`koi.planning.candidates`; ladder evaluation:
+  :mod:`koi.planning.ladder_eval`;
 - the joint selector: :mod:`koi.planning.selector`; the deterministic proposer and
   ``complete_plan``: :mod:`koi.planning.proposer`;
 - C0–C7: :mod:`koi.planning.validate`; the budget book: :mod:`koi.planning.budget`;
@@ -458,7 +459,8 @@ class ToolBackend:
             return [self._cand_dict(c) for c in cands[:limit]]
 
     def size_ladder(self, job_id: str, raw_rank: dict[str, Any]) -> dict[str, Any]:
-        from koi.planning.candidates import batch_curve, demand_tps, size_online
+        from koi.planning.capacity import size_online
+        from koi.planning.demand import batch_curve, demand_tps
 
         raw = dict(raw_rank)
         raw.setdefault("n_replicas", 1)
@@ -600,12 +602,8 @@ class ToolBackend:
 
     # ---- prediction / scoring ------------------------------------------------------------------------------
     def score_ladder(self, job_id: str, ladder: Ladder) -> LadderScore:
-        from koi.planning.candidates import (
-            Candidate,
-            OptionKind,
-            evaluate_ladders,
-            switch_costs,
-        )
+        from koi.planning.candidates import Candidate, OptionKind
+        from koi.planning.ladder_eval import evaluate_ladders, switch_costs
         from koi.planning.split import ladder_key as specs_key
         from koi.planning.validate import ladder_key
         from koi.scoring.tchebycheff import reference_point, tchebycheff

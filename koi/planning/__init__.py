@@ -52,18 +52,12 @@ from koi.planning.budget import (
     build_budget_book,
     validate_budget_book,
 )
-from koi.planning.candidates import (
-    Candidate,
-    CandidateGenerator,
-    JobCandidates,
-    OptionKind,
-    batch_curve,
-    evaluate_ladders,
-    generate,
-    size_online,
-)
+from koi.planning.candidates import Candidate, CandidateGenerator, JobCandidates, OptionKind, generate
+from koi.planning.capacity import size_online
 from koi.planning.context import EnumerationParams, PlanningContext
+from koi.planning.demand import batch_curve
 from koi.planning.diagnostics import Constraint, Diagnostic
+from koi.planning.ladder_eval import evaluate_ladders
 from koi.planning.predictor import AnalyticPredictor, ChainEstimate, FixedPredictor, FixedRow, Predictor
 from koi.planning.proposer import Proposal, complete_plan, keep_all, predictions_for_plan, propose
 from koi.planning.selector import (

@@ -1,9 +1,14 @@
-"""Candidates, ladder sizing and ladder evaluation (overview §2.6; whitepaper, "The Agentic
-Planner": enumerate_ladder, size_ladder, predict_outcome, compute_* tools).
+"""Candidates and ladder sizing (overview §2.6; whitepaper, "The Agentic Planner": enumerate_ladder,
+size_ladder, predict_outcome, compute_* tools).
 
 Per job: the chains its budget slice allows (C2 through the predictor) → replicas sized
 to its demand → ladders (single-rank, and split across pools when one pool is short) →
 Ŷ, J, p_brk, SwitchCost, σ → C3 filter → dominance pruning → the few best.
+
+This module is the generator that sizes and assembles them; the parts live beside it: the option
+types (:mod:`koi.planning.options`), demand (:mod:`koi.planning.demand`), config enumeration
+(:mod:`koi.planning.enumeration`), and Ŷ, p_brk and SwitchCost of a ladder with the "Ladder
+outcomes" and "Unserved share" choices (:mod:`koi.planning.ladder_eval`).
 
 Sizing (white paper: "it plots batch sizes on a throughput-vs-deadline curve. For online
 jobs, it rejects configurations where the predicted p99 TTFT/TPOT exceeds the target
@@ -26,14 +31,6 @@ Choices:
   candidates compete on σ (their risk still costs γ·p_brk; the fast points of the deadline
   curve have the most margin). Otherwise such a job
   could never be admitted, which C6 forbids.
-- **Ladder outcomes.** Online load is split across ranks in proportion to their
-  capacities, so every rank runs at the same fraction of its cap; the ladder's p99 is the
-  worst rank's (a rank carrying ≥ 1% of requests sets the p99 if it breaches) and so is
-  its breach probability. Throughput is the served rate: min(λ, saturation) · osl for
-  online, the sum of saturated replicas for batch. Cost per token and SLO margin come
-  from :mod:`koi.outcomes`.
-- **Unserved share.** Online: 1 − capacity/λ when the ladder's SLO-respecting capacity
-  is short of the offered load; batch: 1 − throughput/required rate. 0 otherwise.
 - **Hardware classes.** A predictor that is not environment-sensitive predicts once per
   (GPU type, instance shape) and the result fans out over the pools of that class, which
   differ only in price; an environment-sensitive one is called per pool.
@@ -64,421 +61,34 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from functools import lru_cache
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from koi import catalog, outcomes
-from koi.domain.chain import Chain, ChainConfig, Ladder, Rank
+from koi.domain.chain import Chain, ChainConfig, Ladder
 from koi.domain.cluster import ClusterSnapshot, Pool
-from koi.domain.common import DType, JobClass, stable_hash
+from koi.domain.common import JobClass, stable_hash
 from koi.domain.hardware import Environment
 from koi.domain.job import JobState, JobStatus
 from koi.domain.model import ModelArch
 from koi.planning.budget import BudgetSlice
 from koi.planning.capacity import PoolIndex, instances_for, size_online
-from koi.planning.context import PRESETS, PlanningContext
+from koi.planning.context import PlanningContext
+from koi.planning.demand import batch_curve, demand_tps
+from koi.planning.enumeration import chain_configs
+from koi.planning.ladder_eval import evaluate_ladders, switch_costs
+from koi.planning.options import Candidate, JobCandidates, OptionKind, RankSpec
 from koi.planning.predictor import ChainEstimate
 from koi.planning.split import SplitRows, ladder_key, split_ladders
 from koi.planning.transition import transition_gaps
 from koi.scoring.exploration import EMPTY, Activation
-from koi.scoring.risk import breach_probabilities, combine
-from koi.scoring.switching import SwitchItem, switch_cost_items
-from koi.scoring.tchebycheff import ReferencePoint, reference_point, tchebycheff
+from koi.scoring.tchebycheff import reference_point, tchebycheff
+
+__all__ = ["Candidate", "CandidateGenerator", "JobCandidates", "OptionKind", "RankSpec", "generate"]
 
 _INF = math.inf
-
-
-class OptionKind(StrEnum):
-    PLACE = "place"
-    SWAP = "swap"
-    KEEP = "keep"
-    DEFER = "defer"
-
-
-@lru_cache(maxsize=262144)
-def chain_key(env: Environment, config: ChainConfig) -> str:
-    """Chain.key, cached (it hashes the config's JSON)."""
-    return stable_hash({"env": env.env_id, "config": config.key})
-
-
-@dataclass(frozen=True, slots=True)
-class RankSpec:
-    """A rank being considered: chain in a pool, replicas, and what one replica does."""
-
-    pool_id: str
-    env: Environment
-    config: ChainConfig
-    n: int
-    est: ChainEstimate
-    instances: int
-    unit_price: float  # $/hour per instance
-    gpus_per_instance: int
-    cold_s: float
-    chain_obj: Chain | None = None
-
-    @property
-    def chain(self) -> Chain:
-        return self.chain_obj if self.chain_obj is not None else Chain(env=self.env, config=self.config)
-
-    @property
-    def key(self) -> str:
-        return chain_key(self.env, self.config)
-
-    @property
-    def price(self) -> float:
-        return self.instances * self.unit_price
-
-    @property
-    def gpus(self) -> int:
-        return self.config.gpus * self.n
-
-    def price_of(self, k: int) -> float:
-        return instances_for(self.config.gpus, k, self.gpus_per_instance) * self.unit_price
-
-    def to_rank(self, mechanism_id: str | None = None) -> Rank:
-        """The rank, with the gateway weight :func:`evaluate_ladders` assumed: the ladder's load is
-        shared in proportion to each replica's SLO capacity (saturation where it has none). A gateway
-        that weighed replicas by anything else (nominal decode speed) would overload the rank of a
-        split ladder whose KV cache, not its iteration rate, bounds its capacity."""
-        w = self.est.cap_rps if self.est.cap_rps > 0 else self.est.sat_rps
-        return Rank(env=self.env, config=self.config, n_replicas=self.n, mechanism_id=mechanism_id,
-                    route_weight=float(w) if w > 0 and math.isfinite(w) else None)
-
-    def with_n(self, n: int) -> RankSpec:
-        return RankSpec(self.pool_id, self.env, self.config, n, self.est,
-                        instances_for(self.config.gpus, n, self.gpus_per_instance), self.unit_price,
-                        self.gpus_per_instance, self.cold_s, self.chain_obj)
-
-
-@dataclass(eq=False)
-class Candidate:
-    """One option of one job: a ladder (place/swap), the running ladder (keep) or nothing (defer)."""
-
-    job_id: str
-    kind: OptionKind
-    ranks: tuple[RankSpec, ...]
-    y: np.ndarray
-    j: float
-    p_brk: float
-    switch: float
-    sigma: float  # J − γ p_brk − λ SwitchCost (EIG enters Φ through Expl(P))
-    unserved: float
-    served_tps: float
-    demand_tps: float
-    capacity_tps: float
-    c3_ok: bool = True
-    late: bool = False
-    eig: float = 0.0
-    activation: Activation = EMPTY
-    mechanism_id: str | None = None
-    cand_id: str = ""
-    reserves: Candidate | None = None  # a defer that holds capacity for this ladder at the end of the tick
-    _ladder: Ladder | None = field(default=None, repr=False)
-
-    @property
-    def usage(self) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for r in self.ranks:
-            out[r.pool_id] += r.instances
-        return dict(out)
-
-    @property
-    def gpus(self) -> int:
-        return sum(r.gpus for r in self.ranks)
-
-    @property
-    def gpus_by_type(self) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for r in self.ranks:
-            out[r.env.gpu_type] += r.gpus
-        return dict(out)
-
-    @property
-    def hourly_price(self) -> float:
-        return sum(r.price for r in self.ranks)
-
-    def ladder(self) -> Ladder | None:
-        if not self.ranks:
-            return None
-        if self._ladder is None:
-            self._ladder = Ladder(ranks=[r.to_rank(self.mechanism_id) for r in self.ranks])
-        return self._ladder
-
-    def values(self) -> dict[str, float]:
-        from koi.variables import OBJECTIVES
-
-        return {o: float(v) for o, v in zip(OBJECTIVES, self.y, strict=True)}
-
-
-@dataclass
-class JobCandidates:
-    """Everything the selector and validation need about one job."""
-
-    state: JobState
-    slice: BudgetSlice | None
-    demand_tps: float
-    candidates: list[Candidate]  # place (pending) or swap (active), after C3 and pruning
-    keep: Candidate | None  # active jobs: the running ladder
-    defer: Candidate | None  # pending jobs: nothing
-    reference: ReferencePoint | None
-    n_chains: int = 0  # chains enumerated
-    n_feasible: int = 0  # chains physically feasible (C2) with capacity > 0
-    n_c3_dropped: int = 0
-    infeasible_reasons: list[str] = field(default_factory=list)
-    late: bool = False
-    scored_builder: Callable[[], list[Candidate]] | None = field(default=None, repr=False)
-    _all: list[Candidate] | None = field(default=None, repr=False)
-
-    @property
-    def all_scored(self) -> list[Candidate]:
-        """Every sized ladder before C3 and pruning (C6 and the baselines need the full feasible set)."""
-        if self._all is None:
-            self._all = self.scored_builder() if self.scored_builder is not None else list(self.candidates)
-        return self._all
-
-    @property
-    def job_id(self) -> str:
-        return self.state.job.job_id
-
-    @property
-    def null(self) -> Candidate:
-        out = self.keep if self.keep is not None else self.defer
-        assert out is not None
-        return out
-
-    @property
-    def options(self) -> list[Candidate]:
-        return [self.null, *self.candidates]
-
-
-# ---- demand -----------------------------------------------------------------------------------
-def batch_remaining_tokens(js: JobState) -> float:
-    j = js.job
-    if j.slo.num_requests is None:
-        return 0.0
-    return max(j.slo.num_requests - js.completed_requests, 0) * j.workload.osl
-
-
-def batch_seconds_left(js: JobState, now: float) -> float:
-    d = js.job.deadline_at
-    return math.inf if d is None else d - now
-
-
-def demand_tps(js: JobState, now: float, tick_s: float, startup_s: float = 0.0) -> float:
-    """Output tokens/s the job needs: λ·osl (online); remaining tokens over the time left (batch)."""
-    j = js.job
-    if j.job_class is JobClass.ONLINE:
-        return j.workload.arrival.rate_rps * j.workload.osl
-    rem = batch_remaining_tokens(js)
-    left = batch_seconds_left(js, now) - startup_s
-    if left < tick_s:  # past (or at) the deadline: finish within one tick
-        left = tick_s
-    return rem / left
-
-
-def batch_curve(required_tps: float, tps_per_replica: float, slack: float, fast_factor: float) -> list[int]:
-    """Replica counts on the throughput-versus-deadline curve: the deadline point with slack and a faster one."""
-    if tps_per_replica <= 0:
-        return []
-    n_dead = max(1, math.ceil(required_tps * (1.0 + slack) / tps_per_replica - 1e-9))
-    n_fast = max(n_dead + 1, math.ceil(required_tps * (1.0 + slack) * fast_factor / tps_per_replica - 1e-9))
-    return [n_dead, n_fast]
-
-
-# ---- enumeration --------------------------------------------------------------------------------
-def dtype_variants(model: ModelArch, gpu_fp8: bool, allow_fp8: bool,
-                   mixed: bool = False) -> list[tuple[DType, DType | None]]:
-    """(weight dtype, KV dtype) pairs: native; fp8 weights and KV where the GPU has fp8; optionally fp8
-    weights over a native-precision KV cache (``mixed``)."""
-    out: list[tuple[DType, DType | None]] = [(model.native_dtype, None)]
-    if allow_fp8 and gpu_fp8 and model.native_dtype is not DType.FP8:
-        if mixed:
-            out.append((DType.FP8, model.native_dtype))
-        out.append((DType.FP8, None))
-    return out
-
-
-def chain_configs(
-    model: ModelArch, instance_type: str, gpus_per_instance: int, gpu_fp8: bool, job_class: JobClass,
-    ctx: PlanningContext, max_gpus: int,
-) -> list[ChainConfig]:
-    """Configs to try on one hardware class, in a fixed order (see EnumerationParams)."""
-    p = ctx.enum
-    presets = p.presets_online if job_class is JobClass.ONLINE else p.presets_batch
-    G = gpus_per_instance
-    out = []
-    for wd, kd in dtype_variants(model, gpu_fp8, p.fp8, p.fp8_mixed_kv):
-        for preset in presets:
-            for pp in p.pp:
-                for tp in p.tp:
-                    g = tp * pp
-                    if tp > G or g > min(p.max_chain_gpus, max(max_gpus, 1)):
-                        continue
-                    if (g <= G and G % g) or (g > G and g % G):
-                        continue
-                    out.append(_config(instance_type, tp, pp, wd, kd, preset))
-    return out
-
-
-@lru_cache(maxsize=65536)
-def _config(instance_type: str, tp: int, pp: int, wd: DType, kd: DType | None, preset: str) -> ChainConfig:
-    """One shared, immutable ChainConfig per knob combination (configs are values; sharing them makes
-    identity-keyed caches downstream cheap)."""
-    return ChainConfig(instance_type=instance_type, tp=tp, pp=pp, weight_dtype=wd, kv_dtype=kd, **PRESETS[preset])
-
-
-def _bounded(configs: list[ChainConfig], ests: list[ChainEstimate], keep: int) -> list[int]:
-    """Indices of feasible configs with capacity: per (dtype, preset) the ``keep`` smallest shapes, ordered
-    by (GPUs, PP, TP) — the smallest footprint first, and tensor before pipeline parallelism at equal size
-    (PP adds bubbles and a hop; it is kept only where TP alone cannot fit the model)."""
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for i, (c, e) in enumerate(zip(configs, ests, strict=True)):
-        if e.feasible and e.cap_tps > 0:
-            groups[(c.weight_dtype, c.kv_dtype, c.max_num_seqs)].append(i)
-    out = []
-    for key in sorted(groups, key=str):
-        idx = sorted(groups[key], key=lambda i: (configs[i].gpus, configs[i].pp, configs[i].tp))
-        out.extend(idx[:keep])
-    return sorted(out)
-
-
-# ---- evaluation -----------------------------------------------------------------------------------
-@dataclass
-class LadderEval:
-    y: np.ndarray  # (L, 5) in OBJECTIVES order
-    p_brk: np.ndarray
-    unserved: np.ndarray
-    served_tps: np.ndarray
-    capacity_tps: np.ndarray
-    price: np.ndarray  # $/hour
-    #: p_brk at the widest causal radius ε(1 + κ) (module docstring, "Causal risk"); None when off
-    p_brk_hi: np.ndarray | None = None
-
-    def rows(self, ix: np.ndarray | slice) -> LadderEval:
-        """The evaluation of a subset of the ladders."""
-        return LadderEval(self.y[ix], self.p_brk[ix], self.unserved[ix], self.served_tps[ix], self.capacity_tps[ix],
-                          self.price[ix], None if self.p_brk_hi is None else self.p_brk_hi[ix])
-
-
-def _residual_groups(ctx: PlanningContext, job, chains: list[Chain], objective: str) -> list[tuple[np.ndarray | None, np.ndarray]]:
-    """Group rank indices by their residual history (same array → one vectorised breach call)."""
-    if getattr(ctx.predictor, "residual_free", False):  # nothing learned yet: one cold group
-        return [(None, np.arange(len(chains)))]
-    by_chain: dict[tuple, tuple[np.ndarray | None, list[int]]] = {}
-    cache: dict[tuple[int, int], tuple[np.ndarray | None, tuple]] = {}
-    for i, c in enumerate(chains):
-        ck = (id(c.env), id(c.config))  # environments and configs are shared objects within one pass
-        hit = cache.get(ck)
-        if hit is None:
-            r = ctx.predictor.residuals(objective, job, c)
-            r = None if r is None or len(r) == 0 else np.asarray(r, dtype=float)
-            hit = cache[ck] = (r, ("cold",) if r is None else (r.tobytes(),))
-        r, key = hit
-        if key not in by_chain:
-            by_chain[key] = (r, [])
-        by_chain[key][1].append(i)
-    return [(r, np.array(ix, dtype=int)) for r, ix in by_chain.values()]
-
-
-def evaluate_ladders(
-    js: JobState, ladders: Sequence[Sequence[RankSpec]], ctx: PlanningContext, now: float,
-    startup_s: np.ndarray | float = 0.0,
-) -> LadderEval:
-    """Ŷ, p_brk and unserved share of each ladder of one job (vectorised; module docstring)."""
-    job = js.job
-    L = len(ladders)
-    lad = np.array([i for i, lad_ in enumerate(ladders) for _ in lad_], dtype=int)
-    ranks = [r for lad_ in ladders for r in lad_]
-    if L == 0:
-        z = np.zeros(0)
-        return LadderEval(np.zeros((0, 5)), z, z, z, z, z)
-    n = np.array([r.n for r in ranks], dtype=float)
-    cap_rps = np.array([r.est.cap_rps for r in ranks])
-    sat_rps = np.array([r.est.sat_rps for r in ranks])
-    sat_tps = np.array([r.est.sat_tps for r in ranks])
-    cap_tps = np.array([r.est.cap_tps for r in ranks])
-    price = np.bincount(lad, weights=[r.price for r in ranks], minlength=L)
-    unc = np.array([r.est.uncertainty for r in ranks])
-    chains = [r.chain for r in ranks]
-    osl = float(job.workload.osl)
-    knobs = ctx.knobs
-    # the radii: ε, and ε(1 + κ) when causal doubt can widen it (module docstring, "Causal risk")
-    causal = knobs.causal_risk > 0 and bool(ctx.exploration.mechanisms)
-    radii = (knobs.eps, knobs.eps * (1.0 + knobs.causal_risk)) if causal else (knobs.eps,)
-    startup = np.broadcast_to(np.asarray(startup_s, dtype=float), (L,))
-
-    def lmax(v: np.ndarray) -> np.ndarray:
-        out = np.full(L, -np.inf)
-        np.maximum.at(out, lad, v)
-        return out
-
-    if job.job_class is JobClass.ONLINE:
-        lam = job.workload.arrival.rate_rps
-        cap_total = np.bincount(lad, weights=n * cap_rps, minlength=L)
-        sat_total = np.bincount(lad, weights=n * sat_rps, minlength=L)
-        # share the load by SLO capacity (by saturation when a ladder has none)
-        share_base = np.where(cap_total[lad] > 0, cap_rps, sat_rps)
-        denom = np.bincount(lad, weights=n * share_base, minlength=L)
-        per_rep = np.where(denom[lad] > 0, lam * share_base / np.maximum(denom[lad], 1e-12), np.inf)
-        ttft_r, tpot_r = ctx.predictor.latency(job, chains, per_rep)
-        ttft, tpot = lmax(ttft_r), lmax(tpot_r)
-        served = np.minimum(lam, sat_total) * osl
-        capacity = cap_total * osl
-        unserved = np.where(lam > 0, np.clip(1.0 - cap_total / max(lam, 1e-12), 0.0, 1.0), 0.0)
-        margin = outcomes.online_slo_margin(ttft, tpot, job.slo.p99_ttft_ms, job.slo.p99_tpot_ms)
-        p_rank = np.zeros((len(radii), len(ranks), 2))
-        for col, (obj, vals, target) in enumerate(
-            (("p99_ttft_ms", ttft_r, job.slo.p99_ttft_ms), ("p99_tpot_ms", tpot_r, job.slo.p99_tpot_ms))
-        ):
-            for res, ix in _residual_groups(ctx, job, chains, obj):
-                ps = breach_probabilities(vals[ix], target, maximize=False, residuals=res, eps=radii,
-                                          uncertainty=unc[ix])
-                for k, p in enumerate(ps):
-                    p_rank[k, ix, col] = p
-        p_brks = [lmax(combine(p_rank[k], axis=1)) for k in range(len(radii))]
-    else:
-        thr = np.bincount(lad, weights=n * sat_tps, minlength=L)
-        ttft = lmax(np.array([r.est.ttft_ms for r in ranks]))
-        tpot = lmax(np.array([r.est.tpot_ms for r in ranks]))
-        served = thr
-        capacity = thr
-        rem = batch_remaining_tokens(js)
-        left = batch_seconds_left(js, now) - startup
-        required = rem / np.maximum(left, ctx.switch.tick_s)  # demand_tps, vectorised over start-up times
-        unserved = np.clip(1.0 - thr / np.maximum(required, 1e-12), 0.0, 1.0)
-        margin = outcomes.batch_slo_margin(rem, np.maximum(left, 0.0), thr)
-        # the ladder's throughput residuals: those of its first (largest) rank's chain
-        first = np.array([np.flatnonzero(lad == i)[0] for i in range(L)])
-        p_brks = [np.zeros(L) for _ in radii]
-        lead_chains = [chains[k] for k in first]
-        for res, ix in _residual_groups(ctx, job, lead_chains, "throughput_tokens_per_sec"):
-            ps = breach_probabilities(thr[ix], required[ix], maximize=True, residuals=res, eps=radii,
-                                      uncertainty=unc[first[ix]])
-            for k, p in enumerate(ps):
-                p_brks[k][ix] = p
-    del cap_tps
-    cost = outcomes.cost_per_token(price, served)
-    y = np.column_stack([cost, ttft, tpot, served, margin])
-    return LadderEval(y, p_brks[0], unserved, served, capacity, price, p_brks[1] if causal else None)
-
-
-# ---- switching ----------------------------------------------------------------------------------
-def _items(ranks: Sequence[RankSpec]) -> list[SwitchItem]:
-    return [SwitchItem(r.key, r.n, r.cold_s, r.price_of) for r in ranks]
-
-
-def switch_costs(current: Sequence[RankSpec] | None, ladders: Sequence[Sequence[RankSpec]], p_brk: np.ndarray,
-                 ctx: PlanningContext) -> np.ndarray:
-    """SwitchCost of each ladder against the running one (0 for a fresh placement)."""
-    if not current:
-        return np.zeros(len(ladders))
-    old = _items(current)
-    return np.array([switch_cost_items(old, _items(lad), float(p), ctx.switch).total
-                     for lad, p in zip(ladders, p_brk, strict=True)])
 
 
 # ---- the generator ----------------------------------------------------------------------------------
@@ -1011,8 +621,6 @@ class CandidateGenerator:
                 chosen.append(i)
                 taken.add(i)
         return sorted(chosen, key=lambda i: (-sigma[i], i))
-
-
 
 
 def generate(snapshot: ClusterSnapshot, ctx: PlanningContext, book=None) -> dict[str, JobCandidates]:  # noqa: ANN001

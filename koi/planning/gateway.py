@@ -2,7 +2,7 @@
 
 A ladder's ranks carry the gateway weight the planner assumed when it placed them
 (``Rank.route_weight``: one replica's SLO capacity, :meth:`RankSpec.to_rank`), and
-:func:`koi.planning.candidates.evaluate_ladders` scores every ladder — the running one
+:func:`koi.planning.ladder_eval.evaluate_ladders` scores every ladder — the running one
 included — as if its load were shared in proportion to the *current* estimate of those
 capacities. When the learned model moves (the residual learner finds a driver update that
 made one GPU type 20% slower, :mod:`koi.surrogate.drift`), a kept split ladder still routes

@@ -57,17 +57,12 @@ from koi.domain.job import JobStatus
 from koi.domain.plan import LADDER_ACTIONS, ROOT_ONLY_ACTIONS, Action, ActionType, Issuer, Plan
 from koi.logging import get_logger
 from koi.planning.budget import BudgetBook, build_budget_book, quota_limits, validate_budget_book
-from koi.planning.candidates import (
-    Candidate,
-    CandidateGenerator,
-    JobCandidates,
-    OptionKind,
-    chain_key,
-    evaluate_ladders,
-)
+from koi.planning.candidates import Candidate, CandidateGenerator, JobCandidates, OptionKind
 from koi.planning.capacity import PoolIndex, gpus_by_type, swap_delta
 from koi.planning.context import PlanningContext
 from koi.planning.diagnostics import Constraint, Diagnostic
+from koi.planning.ladder_eval import evaluate_ladders
+from koi.planning.options import chain_key
 from koi.planning.proposer import action_for, complete_plan, keep_all
 from koi.planning.split import ladder_key as specs_key
 

@@ -21,7 +21,9 @@ Flags: ``rescaled_gpu:<from>`` (GPU without measured tables), ``nearest_arch:<fr
 (model without a measured profile on that GPU), ``multi_node``, ``tp_across_nodes``,
 ``saturated``, ``kv_preemption``; ``uncertainty`` ≥ 1 multiplies the DRO σ.
 
-Modules: ``core`` (composition, ladder, capacity), ``queueing`` (latency under load),
+Modules: ``core`` (composition, ladder, capacity), ``outputs`` (BatchPrediction, Capacity,
+SurrogateError), ``prep`` (per-candidate tables and scalars, cached), ``pricing`` (catalog
+prices), ``ladder_mix`` (ladder outcomes from its ranks'), ``queueing`` (latency under load),
 ``physics`` (koi.perf step tables, cached), ``feasibility`` (C2), ``profiles``
 (nearest architecture), ``residual`` + ``scope`` (learning), ``roofline`` (the anchor),
 ``silicon`` and ``evaluate`` (``koi surrogate eval``).
@@ -29,17 +31,10 @@ Modules: ``core`` (composition, ladder, capacity), ``queueing`` (latency under l
 
 from __future__ import annotations
 
-from koi.surrogate.core import (
-    SIGMA_PRIOR,
-    UTILIZATION_CAP,
-    BatchPrediction,
-    Capacity,
-    Surrogate,
-    SurrogateError,
-    catalog_gpu_hour_price,
-    default_surrogate,
-)
+from koi.surrogate.core import SIGMA_PRIOR, UTILIZATION_CAP, Surrogate, default_surrogate
 from koi.surrogate.feasibility import Feasibility, check, feasibility
+from koi.surrogate.outputs import BatchPrediction, Capacity, SurrogateError
+from koi.surrogate.pricing import catalog_gpu_hour_price
 from koi.surrogate.profiles import ProfileBook
 from koi.surrogate.residual import ResidualModel
 from koi.surrogate.scope import Scope

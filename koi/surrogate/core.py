@@ -41,23 +41,23 @@ capacity is the largest rate at most 0.8 × saturation whose predicted p99 TTFT 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
 from koi import catalog, outcomes
 from koi.domain.chain import Chain, Ladder, Rank
 from koi.domain.common import JobClass
-from koi.domain.hardware import Environment
 from koi.domain.job import Job
 from koi.domain.model import ModelArch
 from koi.logging import get_logger
 from koi.surrogate import queueing
 from koi.surrogate.bisect import tree_bisect
-from koi.surrogate.physics import B_GRID, ChainPhysics, WorkloadDigest, chain_physics, chain_tables
+from koi.surrogate.ladder_mix import _combine_ladder
+from koi.surrogate.outputs import _ALL_NAMES, BatchPrediction, Capacity, SurrogateError
+from koi.surrogate.physics import B_GRID, ChainPhysics, WorkloadDigest, chain_physics
+from koi.surrogate.prep import _ROW_KEYS, _SCALAR_KEYS, _Prep, _prep_row, _scope, _scope_cached
+from koi.surrogate.pricing import _cached_price, _rank_prices
 from koi.surrogate.profiles import ProfileBook
 from koi.surrogate.residual import ResidualModel
 from koi.surrogate.scope import Scope
@@ -104,125 +104,6 @@ SIGMA_PRIOR: dict[str, float] = {
 UNCERTAINTY = {"rescaled_gpu": 1.5, "nearest_arch": 1.3, "tp_across_nodes": 1.25, "near_saturation": 1.5}
 #: pseudo-records after which residual support has halved the extra uncertainty.
 SUPPORT_HALF = 5.0
-
-
-class SurrogateError(ValueError):
-    """The surrogate cannot predict for these inputs (unknown model or GPU, malformed request)."""
-
-
-# ---- outputs of the batch API ----------------------------------------------------------------------
-@dataclass
-class BatchPrediction:
-    """Predictions for n candidate ranks (struct of arrays; rank-level values by registry name)."""
-
-    chains: list[Chain]
-    n_replicas: np.ndarray
-    offered_rps: np.ndarray
-    values: dict[str, np.ndarray]
-    base_values: dict[str, np.ndarray]
-    feasible: np.ndarray
-    reasons: list[tuple[str, ...]]
-    flags: list[tuple[str, ...]]
-    uncertainty: np.ndarray
-    capacity_rps: np.ndarray  # per replica
-    saturation_rps: np.ndarray  # per replica
-    hourly_cost: np.ndarray  # rank $/h
-    aux: dict[str, np.ndarray]
-    scopes: list[Scope | None]
-    job: Job
-    sigma_rel: dict[str, float] = field(default_factory=dict)
-    support: np.ndarray | None = None  # PerfDB records in each candidate's exact scope
-
-    def __len__(self) -> int:
-        return len(self.chains)
-
-    def rank(self, i: int) -> RankPrediction:
-        """Candidate ``i`` as a RankPrediction."""
-        c = self.chains[i]
-        j = self.job
-        vals = {k: float(v[i]) for k, v in self.values.items()}
-        base = {k: float(v[i]) for k, v in self.base_values.items()}
-        u = float(self.uncertainty[i])
-        scope = self.scopes[i] or _scope(j, c, catalog.model(j.model))
-        return RankPrediction(
-            job_id=j.job_id,
-            model=j.model,
-            env_id=c.env.env_id,
-            gpu_type=c.env.gpu_type,
-            config=c.config,
-            n_replicas=int(self.n_replicas[i]),
-            offered_rps=float(self.offered_rps[i]),
-            per_replica_rps=float(self.offered_rps[i] / max(self.n_replicas[i], 1)),
-            values=vals,
-            base_values=base,
-            flags=list(self.flags[i]),
-            uncertainty=u,
-            sigma_rel={k: s * u for k, s in self.sigma_rel.items()},
-            feasible=bool(self.feasible[i]),
-            reasons=list(self.reasons[i]),
-            capacity_rps=float(self.capacity_rps[i]),
-            saturation_rps=float(self.saturation_rps[i]),
-            hourly_cost=float(self.hourly_cost[i]),
-            target_ttft_ms=j.slo.p99_ttft_ms if j.job_class is JobClass.ONLINE else None,
-            target_tpot_ms=j.slo.p99_tpot_ms if j.job_class is JobClass.ONLINE else None,
-            residual_support=int(self.support[i]) if self.support is not None else 0,
-            scope=scope,
-        )
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """What one replica of a chain sustains for a job."""
-
-    rps: float  # under the utilisation cap and the p99 targets (online); saturation (batch)
-    tokens_per_sec: float
-    saturation_rps: float
-    limited_by: str  # utilization | p99_ttft_ms | p99_tpot_ms | saturation | infeasible
-    feasible: bool
-    reasons: tuple[str, ...] = ()
-    flags: tuple[str, ...] = ()
-
-
-# ---- helpers -------------------------------------------------------------------------------------------
-def _scope(job: Job, chain: Chain, arch: ModelArch) -> Scope:
-    return _scope_cached(chain, arch.name, arch.family, float(job.workload.isl), float(job.workload.osl), job.job_id)
-
-
-@lru_cache(maxsize=65536)
-def _scope_cached(chain: Chain, model: str, family: str, isl: float, osl: float, job_id: str = "") -> Scope:
-    c = chain.config
-    return Scope.of(
-        env_id=chain.env.env_id,
-        gpu_type=chain.env.gpu_type,
-        model=model,
-        family=family,
-        tp=c.tp,
-        pp=c.pp,
-        weight_dtype=c.weight_dtype.value,
-        engine=c.engine_name,
-        isl=isl,
-        osl=osl,
-        job_id=job_id,
-    )
-
-
-def catalog_gpu_hour_price(env: Environment, instance_type: str | None) -> float:
-    """$/GPU-hour of the chain's instance in the environment's region and market (catalog list price).
-
-    When the catalog does not sell that shape in that region (or has no spot price), the cheapest
-    listed on-demand price of the shape is used.
-    """
-    insts = [catalog.instance(env.cloud, instance_type)] if instance_type else catalog.instances_for_gpu(env.gpu_type, env.cloud)
-    if not insts:
-        raise SurrogateError(f"no {env.gpu_type} instance on {env.cloud} to price")
-    best = math.inf
-    for inst in insts:
-        try:
-            p = inst.hourly_price(env.region, env.market)
-        except ValueError:
-            p = min(r.on_demand_hourly for r in inst.prices)
-        best = min(best, p / inst.gpu_count)
-    return float(best)
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:
@@ -908,150 +789,6 @@ def _client_protocol(client: str | None, engine: str):
 
 #: Halvings of log(rate) in the capacity search (≈ 0.7% precision over the 10³ range searched).
 CAP_BISECT = 10
-
-
-_ROW_KEYS = ("t_dec", "cpf", "cpf99", "comm_dec", "comm_pf", "bub_dec")
-_SCALAR_KEYS = ("hit", "budget", "chunked", "mseq", "kv_tok", "dp", "block", "weights", "act", "reserve", "vram",
-                "kv_bytes", "tp", "pp", "request_s", "trt")  # fmt: skip
-
-
-def _request_s(engine: str) -> float:
-    """koi.perf's fitted per-request front-end time (HTTP, tokenisation, streaming), added to TTFT
-    outside the engine iterations; 0 when perf has none fitted."""
-    from koi.perf.overheads import engine_overheads
-
-    return float(getattr(engine_overheads(engine), "request_s", 0.0))
-
-
-@lru_cache(maxsize=65536)
-def _prep_row(p: ChainPhysics, hit: float, isl_eff: float, isl99_eff: float, osl: float, fp: float, fd: float
-              ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """One candidate's table rows (``_ROW_KEYS`` × B_GRID) and scalars (``_SCALAR_KEYS``), cached."""
-    cfg = p.chain_key[3]
-    tab = chain_tables(p, isl_eff, isl99_eff, osl, int(cfg.max_num_batched_tokens))
-    mat = np.stack([tab.t_dec * fd, tab.c_pf * fp, tab.c_pf99 * fp, tab.comm_dec, tab.comm_pf, tab.bubble_dec])
-    mem = p.feas.memory
-    sc = np.array([hit, cfg.max_num_batched_tokens, float(cfg.chunked_prefill), cfg.max_num_seqs,
-                   mem.kv_capacity_tokens, cfg.dp, cfg.block_size, mem.weight_bytes, mem.activation_bytes,
-                   mem.reserve_bytes, mem.vram_bytes, mem.kv_bytes, cfg.tp, cfg.pp, _request_s(cfg.engine_name),
-                   float(cfg.engine_name == "trtllm")],
-                  dtype=float)  # fmt: skip
-    mat.setflags(write=False)
-    sc.setflags(write=False)
-    return mat, sc
-
-
-@dataclass
-class _Prep:
-    """Prepared per-candidate arrays (see :meth:`Surrogate._prepare`). ``rows`` hold one table row
-    per distinct candidate; ``index`` maps each entry to its row (tiling shares the tables)."""
-
-    d: WorkloadDigest
-    rows: dict[str, np.ndarray]
-    f: dict[str, np.ndarray]
-    flags: list[tuple[str, ...]]
-    index: np.ndarray | None = None
-
-    def scale(self, speed: np.ndarray) -> None:
-        """Multiply every iteration time of each candidate by ``speed`` (in place; rows are per call)."""
-        if np.all(speed == 1.0):
-            return
-        sp = np.asarray(speed, dtype=float)[:, None]
-        for key in ("t_dec", "cpf", "cpf99"):
-            self.rows[key] = self.rows[key] * sp
-
-    def take(self, idx: np.ndarray) -> _Prep:
-        """The candidates ``idx`` only (tables shared)."""
-        base = np.arange(len(self.flags)) if self.index is None else self.index
-        return _Prep(self.d, self.rows, {key: v[idx] for key, v in self.f.items()},
-                     [self.flags[i] for i in idx], base[idx])  # fmt: skip
-
-    def tile(self, k: int) -> _Prep:
-        """Each candidate repeated k times in a row (candidate-major), for a grid of loads."""
-        base = np.arange(len(self.flags)) if self.index is None else self.index
-        return _Prep(
-            self.d,
-            self.rows,
-            {key: np.repeat(v, k) for key, v in self.f.items()},
-            [fl for fl in self.flags for _ in range(k)],
-            np.repeat(base, k),
-        )
-
-_ALL_NAMES: tuple[str, ...] = (
-    "throughput_tokens_per_sec", "p99_ttft_ms", "p99_tpot_ms", "cost_per_token", "slo_margin",
-    "kv_cache_util", "kv_pressure_score", "gpu_mem_used_fraction", "vram_headroom_gb", "pipeline_bubble_fraction",
-    "comm_overhead_pct", "per_tok_comm_bytes", "kvcache_hit_rate", "live_batch_size", "queue_depth",
-    "preemption_rate", "input_length_observed", "output_length_observed",
-)  # fmt: skip
-
-
-@lru_cache(maxsize=4096)
-def _cached_price(env: Environment, instance_type: str | None) -> float:
-    return catalog_gpu_hour_price(env, instance_type)
-
-
-def _replace(inp: queueing.LoadInputs, **kw) -> queueing.LoadInputs:
-    return queueing.LoadInputs(**{**{k: getattr(inp, k) for k in inp.__dataclass_fields__}, **kw})
-
-
-def _rank_prices(ranks: list[Rank], prices: Sequence[float] | Mapping[str, float] | None) -> list[float]:
-    if prices is None:
-        return [_cached_price(r.env, r.config.instance_type) for r in ranks]
-    if isinstance(prices, Mapping):
-        return [float(prices[r.env.env_id]) if r.env.env_id in prices else _cached_price(r.env, r.config.instance_type)
-                for r in ranks]  # fmt: skip
-    if len(prices) != len(ranks):
-        raise SurrogateError(f"{len(prices)} prices for {len(ranks)} ranks")
-    return [float(p) for p in prices]
-
-
-def _mixture_p99(means: np.ndarray, p99s: np.ndarray, w: np.ndarray) -> float:
-    """p99 of a mixture whose components have exponential tails through (mean, p99)."""
-    w = w / max(w.sum(), 1e-12)
-    keep = w > 0
-    means, p99s, w = means[keep], p99s[keep], w[keep]
-    if len(w) == 1:
-        return float(p99s[0])
-    scale = np.maximum(p99s - means, 1e-9) / math.log(100.0)
-
-    def tail(x: float) -> float:
-        return float(np.sum(w * np.minimum(1.0, 0.01 * np.exp(-(x - p99s) / scale))))
-
-    lo, hi = float(np.min(means)), float(np.max(p99s))
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if tail(mid) > 0.01:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-def _combine_ladder(preds: list[RankPrediction], split: np.ndarray, job: Job, hourly: float, **kw) -> dict[str, float]:
-    vals = [p.values for p in preds]
-    w = np.asarray(split, dtype=float)
-    out: dict[str, float] = {}
-    out["throughput_tokens_per_sec"] = float(sum(v["throughput_tokens_per_sec"] for v in vals))
-    # p99 of the mixture; the mean of each rank's distribution from its stored p99 and the prior σ shape
-    for key in ("p99_ttft_ms", "p99_tpot_ms"):
-        p99 = np.array([v[key] for v in vals])
-        mean = p99 / 1.5  # shape choice when only the p99 is carried: mean ≈ p99/1.5
-        out[key] = _mixture_p99(mean, p99, w)
-    for key in ("queue_depth", "preemption_rate"):
-        out[key] = float(sum(v[key] for v in vals))
-    for key in _ALL_NAMES:
-        if key not in out and key not in ("cost_per_token", "slo_margin"):
-            out[key] = float(np.sum(w * np.array([v[key] for v in vals])) / max(w.sum(), 1e-12))
-    out["cost_per_token"] = float(outcomes.cost_per_token(hourly, out["throughput_tokens_per_sec"]))
-    if job.job_class is JobClass.ONLINE:
-        out["slo_margin"] = float(
-            outcomes.online_slo_margin(out["p99_ttft_ms"], out["p99_tpot_ms"], job.slo.p99_ttft_ms, job.slo.p99_tpot_ms)
-        )
-    else:
-        rem = kw.get("tokens_remaining", job.total_token_budget)
-        left = kw.get("seconds_left", job.slo.deadline_s)
-        out["slo_margin"] = float(outcomes.batch_slo_margin(rem, left, out["throughput_tokens_per_sec"]))
-    return out
 
 
 def clear_caches() -> None:

@@ -55,8 +55,9 @@ from koi.domain.common import JobClass
 from koi.domain.job import JobStatus
 from koi.planning.baselines import _Ledger
 from koi.planning.budget import build_budget_book
-from koi.planning.candidates import CandidateGenerator, batch_curve, demand_tps, size_online
-from koi.planning.capacity import gpus_by_type, instances_for
+from koi.planning.candidates import CandidateGenerator
+from koi.planning.capacity import gpus_by_type, instances_for, size_online
+from koi.planning.demand import batch_curve, demand_tps
 
 ClassKey = tuple[str, str, str]
 
