@@ -88,8 +88,6 @@ from koi.scoring.tchebycheff import reference_point, tchebycheff
 
 __all__ = ["Candidate", "CandidateGenerator", "JobCandidates", "OptionKind", "RankSpec", "generate"]
 
-_INF = math.inf
-
 
 # ---- the generator ----------------------------------------------------------------------------------
 @dataclass

@@ -6,14 +6,12 @@ combination.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from functools import lru_cache
 
 from koi.domain.chain import ChainConfig
 from koi.domain.common import DType, JobClass
 from koi.domain.model import ModelArch
 from koi.planning.context import PRESETS, PlanningContext
-from koi.planning.predictor import ChainEstimate
 
 
 def dtype_variants(model: ModelArch, gpu_fp8: bool, allow_fp8: bool,
@@ -55,18 +53,3 @@ def _config(instance_type: str, tp: int, pp: int, wd: DType, kd: DType | None, p
     """One shared, immutable ChainConfig per knob combination (configs are values; sharing them makes
     identity-keyed caches downstream cheap)."""
     return ChainConfig(instance_type=instance_type, tp=tp, pp=pp, weight_dtype=wd, kv_dtype=kd, **PRESETS[preset])
-
-
-def _bounded(configs: list[ChainConfig], ests: list[ChainEstimate], keep: int) -> list[int]:
-    """Indices of feasible configs with capacity: per (dtype, preset) the ``keep`` smallest shapes, ordered
-    by (GPUs, PP, TP) — the smallest footprint first, and tensor before pipeline parallelism at equal size
-    (PP adds bubbles and a hop; it is kept only where TP alone cannot fit the model)."""
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for i, (c, e) in enumerate(zip(configs, ests, strict=True)):
-        if e.feasible and e.cap_tps > 0:
-            groups[(c.weight_dtype, c.kv_dtype, c.max_num_seqs)].append(i)
-    out = []
-    for key in sorted(groups, key=str):
-        idx = sorted(groups[key], key=lambda i: (configs[i].gpus, configs[i].pp, configs[i].tp))
-        out.extend(idx[:keep])
-    return sorted(out)

@@ -15,7 +15,6 @@ import numpy as np
 from koi.domain.chain import Chain
 from koi.domain.job import Job
 from koi.domain.model import ModelArch
-from koi.surrogate import queueing
 from koi.surrogate.physics import ChainPhysics, WorkloadDigest, chain_tables
 from koi.surrogate.scope import Scope
 
@@ -108,7 +107,3 @@ class _Prep:
             [fl for fl in self.flags for _ in range(k)],
             np.repeat(base, k),
         )
-
-
-def _replace(inp: queueing.LoadInputs, **kw) -> queueing.LoadInputs:
-    return queueing.LoadInputs(**{**{k: getattr(inp, k) for k in inp.__dataclass_fields__}, **kw})
