@@ -13,7 +13,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from koi.calibration.learn import LearnConfig, _Pricing, learned_surrogate, run_learn
+from koi.calibration.learn import _Pricing, learned_surrogate, run_learn
+from koi.calibration.learn_report import LearnConfig
 from koi.causal.store import load_beliefs, load_registry
 from koi.causal.updates import apply_evidence, initial_beliefs
 from koi.domain import ClusterSnapshot

@@ -8,16 +8,10 @@ import pytest
 from koi import catalog
 from koi.domain import ChainConfig
 from koi.perf.step import Links, step_model
-from koi.sim.engine import (
-    DECODE,
-    Engine,
-    _Clock,
-    _segment_cumsum,
-    _segment_rank,
-    _segmented_lindley,
-)
+from koi.sim.engine import DECODE, Engine
 from koi.sim.fidelity import closed_loop
 from koi.sim.physics import chain_spec, rank_tables
+from koi.sim.segments import _Clock, _segment_cumsum, _segment_rank, _segmented_lindley
 from koi.sim.tables import Stack
 
 H100 = catalog.instance("aws", "p5.48xlarge")

@@ -52,7 +52,7 @@ def test_macro_step_engine_agrees_with_the_iteration_level_replay():
 def test_prompts_queued_together_get_their_first_tokens_at_their_batch_end():
     import numpy as np
 
-    from koi.sim.engine import _batch_end
+    from koi.sim.segments import _batch_end
 
     seg = np.zeros(4, dtype=np.int64)
     p = np.full(4, 1024.0)

@@ -80,7 +80,8 @@ def learn(
     json_out: bool = JSON,
 ) -> None:
     """Run the learning loop on the simulator under fixed deployments and report calibration over time."""
-    from koi.calibration.learn import LearnConfig, default_db_url, run_learn
+    from koi.calibration.learn import default_db_url, run_learn
+    from koi.calibration.learn_report import LearnConfig
     from koi.sim.scenario import ScenarioError, demo_path, load_scenario
     from koi.store import init_db, make_engine
 
@@ -147,7 +148,8 @@ def learn(
 def _run_with_progress(sc: Any, cfg: Any, engine: Any, n: int, step: int) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from koi.calibration.learn import pool, run_learn
+    from koi.calibration.learn import run_learn
+    from koi.calibration.learn_report import pool
 
     console.print(f"[bold]koi learn[/] {sc.name}: {n} ticks of {cfg.tick_s:g} s; a row every {step} tick(s): "
                   "counts and rates pooled over the row's ticks, U and ε at its last tick, errors (base physics "

@@ -29,8 +29,8 @@ Modules: :mod:`~koi.sim.scenario` (schema, ``SCENARIO.md``), :mod:`~koi.sim.worl
 (the world: actions, observation, time, checkpoints) with its parts :mod:`~koi.sim.runtime`
 (runtime state), :mod:`~koi.sim.routing` (request flow), :mod:`~koi.sim.lifecycle`
 (replicas and instances) and :mod:`~koi.sim.events` (the event queue),
-:mod:`~koi.sim.engine` (the vectorised replica engine),
-:mod:`~koi.sim.physics` (the adapter to koi/perf), :mod:`~koi.sim.telemetry`,
+:mod:`~koi.sim.engine` (the vectorised replica engine) with :mod:`~koi.sim.segments` (its
+segmented primitives), :mod:`~koi.sim.physics` (the adapter to koi/perf), :mod:`~koi.sim.telemetry`,
 :mod:`~koi.sim.records`, :mod:`~koi.sim.driver` (fixed deployments, ``koi sim run``),
 :mod:`~koi.sim.bench` (``koi sim bench``), :mod:`~koi.sim.fidelity` (``koi sim fidelity``).
 """
