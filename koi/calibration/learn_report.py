@@ -191,11 +191,6 @@ def _ape(pred: float | None, obs: float | None) -> float | None:
     return abs(pred - obs) / abs(obs) * 100.0
 
 
-def _pooled(ticks: Sequence[TickReport], num: str, den: str) -> float | None:
-    n = sum(getattr(t, den) for t in ticks)
-    return sum(getattr(t, num) for t in ticks) / n if n else None
-
-
 def summarize(ticks: Sequence[TickReport], tick_s: float, prior_u: tuple[float | None, float | None] = (None, None),
               ) -> LearnSummary:  # fmt: skip
     """The run's headline figures (see :mod:`koi.calibration.learn`'s docstring for the definitions)."""
