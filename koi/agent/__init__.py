@@ -20,7 +20,8 @@ Modules:
   uid drop, rlimits, seccomp) plus the interpreter-level policy (AST check, restricted
   builtins, module proxies); JSON-lines channel to the parent;
 - :mod:`koi.agent.tools` / :mod:`koi.agent.backend` — the tool registry (validated
-  arguments, JSON results) over the planning, scoring and causal rooms;
+  arguments, JSON results) over the planning, scoring and causal rooms; the tools
+  themselves are one mixin per family, ``koi.agent.tools_*``;
 - :mod:`koi.agent.llm` — any OpenAI-compatible endpoint, system-role folding, tokens and $;
 - :mod:`koi.agent.trajectory` — one trajectory (K_MAX turns, wall clock, error limit,
   one repair), :mod:`koi.agent.planner` — K_P trajectories, selection, the S4 proposer;

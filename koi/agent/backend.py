@@ -43,13 +43,13 @@ Layout: :class:`ToolBackend` here holds the frozen inputs, the shared lazies and
 (resource simulation), :mod:`koi.agent.tools_causal` (mechanisms/confidence),
 :mod:`koi.agent.tools_predict` (prediction/scoring, :class:`LadderScore`) and
 :mod:`koi.agent.tools_plan` (joint selection and whole plans); :mod:`koi.agent.tools_json`
-shapes their numbers and ladders. :class:`TrajectoryBackend` and ``actions_summary`` stay here.
+shapes their numbers and ladders. :class:`TrajectoryBackend` stays here.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from koi.agent.parse import PlanParseError, parse_plan
@@ -61,7 +61,6 @@ from koi.agent.tools_predict import LadderScore, PredictTools
 from koi.agent.tools_sim import SimulationTools
 from koi.agent.tools_view import ClusterViewTools
 from koi.domain import (
-    Action,
     ClusterSnapshot,
     JobState,
     JobStatus,
@@ -175,11 +174,4 @@ class TrajectoryBackend:
         return getattr(self._backend, name)
 
 
-def actions_summary(actions: Iterable[Action]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for a in actions:
-        out[a.type.value] = out.get(a.type.value, 0) + 1
-    return out
-
-
-__all__ = ["LadderScore", "ToolBackend", "TrajectoryBackend", "actions_summary", "js_online"]
+__all__ = ["LadderScore", "ToolBackend", "TrajectoryBackend", "js_online"]
