@@ -79,3 +79,37 @@ def test_a_degraded_rank_asked_for_again_recovers_its_missing_replicas() -> None
                                                                             "replicas_ready": 2}) for d in deps]})
     assert plan_ops(healthy, _plan(healthy, Action(job_id="j1", type="swap", ladder=Ladder(ranks=[two]))),
                     healthy.cluster_id, healthy.tick, 0, drain_s=30.0) == []  # fmt: skip
+
+
+def test_a_degraded_ranks_scale_counts_from_the_replicas_it_holds() -> None:
+    """hetero-12h tick 122: a degraded TP4 rank (3 asked, 2 ready on one node since a spot reclaim)
+    grows to 6 beside another job's swap in place in the same pool. The executor scales from the 2
+    it holds, so the scale takes 2 of the 2 free nodes, not 1: the pool has no room for the swap's
+    launch besides it, and the swap's old rank must be released first, not handed over after."""
+    from koi.domain import DeploymentState
+
+    h = pool(*H100, "us-east-1", total=4)
+    jobs = [online_job("j1", "llama-3.1-8b", rate=4.0, ttft_ms=1000, tpot_ms=30, submitted_at=0),
+            online_job("j2", "llama-3.1-8b", rate=4.0, ttft_ms=1000, tpot_ms=30, submitted_at=1)]  # fmt: skip
+    tp4 = Rank(env=h.env, config=ChainConfig(instance_type=h.instance_type, tp=4), n_replicas=3)  # 2 per node
+    old = tp4.model_copy(update={"n_replicas": 2})  # one node
+    snap = with_running(snapshot(jobs, [h], tick=122, now=36600.0), {"j1": Ladder(ranks=[tp4]), "j2": Ladder(ranks=[old])})
+    assert snap.resources.pools[0].free_instances == 1  # as planned: 2 + 1 nodes of 4
+    deps = [d.model_copy(update={"state": DeploymentState.DEGRADED, "replicas_ready": 2}) if d.job_id == "j1" else d
+            for d in snap.deployments]  # fmt: skip
+    # the reclaimed node came back to the pool: the world has 1 + 1 nodes allocated, 2 free
+    snap = snap.model_copy(update={"deployments": deps, "resources": snap.resources.model_copy(
+        update={"pools": [snap.resources.pools[0].model_copy(update={"free_instances": 2})]})})  # fmt: skip
+    new = Rank(env=h.env, config=ChainConfig(instance_type=h.instance_type, tp=8), n_replicas=1)
+    plan = _plan(snap, Action(job_id="j1", type="swap", ladder=Ladder(ranks=[tp4.model_copy(update={"n_replicas": 6})])),
+                 Action(job_id="j2", type="swap", ladder=Ladder(ranks=[new])))  # fmt: skip
+    ops = plan_ops(snap, plan, snap.cluster_id, snap.tick, 0, drain_s=30.0)
+    assert [(o.kind, o.job_id, o.n_replicas, o.prev_replicas, o.handover, o.drain_s) for o in ops] == [
+        ("teardown", "j2", 0, 0, False, 0.0),  # released first: the launch needs its node
+        ("scale", "j1", 6, 2, False, 0.0),  # from the 2 replicas it holds (2 nodes to add)
+        ("launch", "j2", 1, 0, False, 0.0),
+    ]
+    # a degraded rank asked for fewer replicas than requested but more than it holds grows
+    ops = plan_ops(snap, _plan(snap, Action(job_id="j1", type="swap", ladder=Ladder(
+        ranks=[tp4.model_copy(update={"n_replicas": 4})]))), snap.cluster_id, snap.tick, 0, drain_s=30.0)  # fmt: skip
+    assert [(o.kind, o.n_replicas, o.prev_replicas, "recover" in o.detail) for o in ops] == [("scale", 4, 2, False)]

@@ -138,6 +138,34 @@ def test_c1_terminate_releases_at_once() -> None:
     assert not [d for d in res.diagnostics if d.constraint is Constraint.C1]
 
 
+def test_c1_counts_a_degraded_rank_at_the_replicas_it_holds() -> None:
+    from koi.domain import DeploymentState
+
+    snap, ctx, (h, a, _) = _scenario()
+    three = _rank(h, n=3)
+    snap = with_running(snapshot([j.job for j in snap.jobs], _pools(), tick=5, now=10.0),
+                        {"a1": Ladder(ranks=[three]), "a2": Ladder(ranks=[_rank(a)])})  # H100: 3 of 3 used
+    # a spot reclaim took one of a1's nodes: 2 replicas ready, the pool down to 2 instances, none free
+    deps = [d.model_copy(update={"state": DeploymentState.DEGRADED, "replicas_ready": 2}) if d.job_id == "a1" else d
+            for d in snap.deployments]  # fmt: skip
+    pools = [p.model_copy(update={"total_instances": 2}) if p.pool_id == h.pool_id else p for p in snap.resources.pools]
+    snap = snap.model_copy(update={"deployments": deps, "resources": snap.resources.model_copy(update={"pools": pools})})
+    recover = _plan(snap, Action(job_id="a1", type="swap", ladder=Ladder(ranks=[three])))
+    c1 = [d for d in validate_plan(recover, snap, ValidationContext(ctx=ctx)).diagnostics if d.constraint is Constraint.C1]
+    # the executor grows the rank from the 2 replicas it holds: one more node, and none is free
+    assert [(d.data["pool"], d.data["needed"], d.data["free"]) for d in c1] == [(h.pool_id, 1, 0)]
+    # once the capacity returns it fits; and preempting a1 gives back the 2 nodes it holds, not 3
+    back = snap.model_copy(update={"resources": snap.resources.model_copy(update={"pools": [
+        p.model_copy(update={"total_instances": 3, "free_instances": 1}) if p.pool_id == h.pool_id else p
+        for p in pools]})})  # fmt: skip
+    assert not [d for d in validate_plan(recover, back, ValidationContext(ctx=ctx)).diagnostics
+                if d.constraint is Constraint.C1]
+    swap = _plan(back, Action(job_id="a1", type="preempt", issuer=Issuer.ROOT),
+                 Action(job_id="p1", type="place", ladder=Ladder(ranks=[_rank(h, n=4)])))
+    c1 = [d for d in validate_plan(swap, back, ValidationContext(ctx=ctx)).diagnostics if d.constraint is Constraint.C1]
+    assert [(d.data["needed"], d.data["free"]) for d in c1] == [(2, 1)]
+
+
 # ---- C2 -----------------------------------------------------------------------------------------------
 def test_c2_physical_feasibility() -> None:
     snap, _, (_, _, l4) = _scenario()

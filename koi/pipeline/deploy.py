@@ -33,6 +33,7 @@ from koi.pipeline.fencing import hold_fence, lock_cluster
 from koi.pipeline.messages import CompensationSummary, DeploySummary, StageRef
 from koi.pipeline.runtime import Runtime
 from koi.pipeline.stages import S0_RELEASED, _snapshot
+from koi.planning.capacity import PoolIndex, held_replicas, instances_for
 from koi.store import (
     DeployStatus,
     Stage,
@@ -113,6 +114,15 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
        canary overlap (make before break) that SwitchCost's C_parallel prices. Tearing them down
        at once left a job's traffic waiting at the gateway through the new ladder's cold start
        (on hetero-3h about a fifth of a swapped job's requests in that tick were dropped).
+
+    A scale starts from the replicas the rank holds (``capacity.held_replicas``: a degraded
+    rank only its ready ones), as the executor's scale does and as C1 counts: its wave (a
+    release when it shrinks below that, else an addition) and the instances it takes from
+    the pool (which decide whether a swap in place can hand over) follow from that count,
+    and keep-all's undo returns the rank to it. Starting from the requested size made a
+    degraded rank's scale-up look smaller than it was: S6 judged a pool roomy, kept a swap's
+    old rank there for a handover, and the executor refused the swap's launch (hetero-12h,
+    tick 122).
     """
     live: dict[str, list[Deployment]] = {}
     for d in snapshot.deployments:
@@ -136,17 +146,19 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
                 if rid not in current:
                     ups.append(Op("launch", a.job_id, r, rid, _key(cluster_id, tick, a.job_id, rid, "launch", epoch),
                                   n_replicas=r.n_replicas, detail={"action": a.type.value}))
-                elif current[rid].rank.n_replicas != r.n_replicas:
-                    op = Op("scale", a.job_id, r, rid, _key(cluster_id, tick, a.job_id, rid, "scale", epoch),
-                            n_replicas=r.n_replicas, prev_replicas=current[rid].rank.n_replicas,
-                            detail={"action": a.type.value})
-                    (first if r.n_replicas < op.prev_replicas else ups).append(op)
-                elif current[rid].state is DeploymentState.DEGRADED and current[rid].replicas_ready < r.n_replicas:
+                    continue
+                d = current[rid]
+                held = held_replicas(d)  # a degraded rank holds its ready replicas only
+                if d.rank.n_replicas == r.n_replicas and held >= r.n_replicas:
+                    continue
+                detail: dict[str, Any] = {"action": a.type.value}
+                if d.rank.n_replicas == r.n_replicas:
                     # replicas that failed to materialise (or were lost) are not retried by the
                     # executor: the plan asking for this rank at its size again means "recover them"
-                    ups.append(Op("scale", a.job_id, r, rid, _key(cluster_id, tick, a.job_id, rid, "scale", epoch),
-                                  n_replicas=r.n_replicas, prev_replicas=current[rid].replicas_ready,
-                                  detail={"action": a.type.value, "recover": True}))
+                    detail["recover"] = True
+                op = Op("scale", a.job_id, r, rid, _key(cluster_id, tick, a.job_id, rid, "scale", epoch),
+                        n_replicas=r.n_replicas, prev_replicas=held, detail=detail)
+                (first if r.n_replicas < held else ups).append(op)
             for rid, d in current.items():
                 if rid in target:
                     continue
@@ -174,8 +186,6 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
             continue
         seen.add(d.rank_id)
         first.append(teardown(d.job_id, d, "release", 0.0))
-    from koi.planning.capacity import PoolIndex
-
     index = PoolIndex(snapshot.resources)
     roomy = _pools_with_room(index, ups)
     for job_id, d, action in in_place:
@@ -190,8 +200,6 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
 def _pools_with_room(index: Any, ups: list[Op]) -> set[str]:
     """Pools whose free instances hold every launch and scale-up of the plan there without
     releasing anything first: a swap in place there can be make-before-break too."""
-    from koi.planning.capacity import instances_for
-
     need: dict[str, int] = {}
     for op in ups:
         p = index.pool_of(op.rank)

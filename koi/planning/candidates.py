@@ -74,7 +74,7 @@ from koi.domain.hardware import Environment
 from koi.domain.job import JobState, JobStatus
 from koi.domain.model import ModelArch
 from koi.planning.budget import BudgetSlice
-from koi.planning.capacity import PoolIndex, instances_for, size_online
+from koi.planning.capacity import PoolIndex, held_replicas, instances_for, size_online
 from koi.planning.context import PlanningContext
 from koi.planning.demand import batch_curve, demand_tps
 from koi.planning.enumeration import chain_configs
@@ -253,16 +253,15 @@ class CandidateGenerator:
         every tick without effect (measured on hetero-3h: 14–17 futile swaps of one job per run).
         Launching ranks count as planned.
         """
-        from koi.domain.cluster import DeploymentState
-
         ladder = self.snapshot.ladder_of(js.job.job_id)
         if ladder is None:
             return None
         specs = list(self.ladder_specs(js, ladder, model))
         deps = [d for d in self.snapshot.deployments if d.job_id == js.job.job_id and d.is_live]
         for i, d in enumerate(deps):
-            if d.state is DeploymentState.DEGRADED and d.replicas_ready < d.rank.n_replicas and i < len(specs):
-                specs[i] = specs[i].with_n(max(d.replicas_ready, 0))
+            n = held_replicas(d)  # the one definition C1 and S6 use too (koi.planning.capacity)
+            if n < d.rank.n_replicas and i < len(specs):
+                specs[i] = specs[i].with_n(n)
         return tuple(specs)
 
     def ladder_specs(self, js: JobState, ladder: Ladder, model: ModelArch | None = None) -> tuple[RankSpec, ...]:

@@ -14,6 +14,21 @@ Choices where the spec is vague:
   usable by other jobs this tick. In a pool both use, the new ladder replaces the old
   in place (rolling): it needs only the difference, and a smaller new ladder returns the
   difference. Terminate and preempt release their instances at once.
+- **What a running rank holds.** A rank's deployment names the replicas the plan asked for
+  (``rank.n_replicas``), but a *degraded* one (the world reports it so only when nothing is
+  booting) holds instances for its ready replicas only: a reclaimed or failed instance is
+  gone from the pool and a replica that failed to materialise released its instances (the
+  snapshot's ``free_instances`` already reflect both). :func:`held_replicas` is that count,
+  and the selector's running ladder (``CandidateGenerator.current_specs``), C1's swap and
+  release credits (:meth:`PoolIndex.held_usage`) and S6's scale operations
+  (``koi.pipeline.deploy.plan_ops``) all use it, so all three count what the executor will
+  allocate. ``instances_for`` of the ready replicas is a lower bound on the instances they
+  occupy (two of four TP4 replicas lost from different nodes still hold both nodes), so the
+  model errs on needing more, never less. Counting the requested size instead made a
+  degraded rank's scale-up look one node cheaper than the executor's: at tick 122 of
+  hetero-12h (seed 0) a 3→6 scale of a TP4 rank holding one H100 node (3 asked, 2 ready
+  since a spot reclaim at tick 61) took both free nodes, where S6 had planned one, and
+  the launch it had placed beside it was refused (``no free capacity``): keep-all.
 """
 
 from __future__ import annotations
@@ -23,7 +38,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from koi.domain.chain import Ladder, Rank
-from koi.domain.cluster import Pool, ResourceMap
+from koi.domain.cluster import Deployment, DeploymentState, Pool, ResourceMap
 
 
 def instances_for(gpus_per_chain: int, n_replicas: int, gpus_per_instance: int) -> int:
@@ -31,6 +46,14 @@ def instances_for(gpus_per_chain: int, n_replicas: int, gpus_per_instance: int) 
     if g <= G:
         return math.ceil(n_replicas / (G // g))
     return n_replicas * math.ceil(g / G)
+
+
+def held_replicas(d: Deployment) -> int:
+    """Replicas a running rank holds instances for (module docstring, "What a running rank
+    holds"): a degraded rank's ready replicas, else the replicas it was asked for."""
+    if d.state is DeploymentState.DEGRADED:
+        return max(min(d.replicas_ready, d.rank.n_replicas), 0)
+    return d.rank.n_replicas
 
 
 class PoolIndex:
@@ -80,6 +103,18 @@ class PoolIndex:
             pid, k = self.rank_instances(r)
             if pid is not None:
                 out[pid] += k
+        return dict(out)
+
+    def held_usage(self, deployments: Iterable[Deployment]) -> dict[str, int]:
+        """Instances per pool the live ``deployments`` hold (:func:`held_replicas`): what a swap
+        reuses in place and what a preemption or termination gives back."""
+        out: dict[str, int] = defaultdict(int)
+        for d in deployments:
+            if not d.is_live:
+                continue
+            p = self.pool_of(d.rank)
+            if p is not None:
+                out[p.pool_id] += instances_for(d.rank.config.gpus, held_replicas(d), p.gpus_per_instance)
         return dict(out)
 
     def ladder_price(self, ladder: Ladder | None) -> float:

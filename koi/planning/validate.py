@@ -16,7 +16,8 @@ constraint, the job and the numbers):
 - **C1 capacity.** Per pool, the instances the plan requests ≤ free + what it releases in
   that pool (see :mod:`koi.planning.capacity` for the A/B overlap: a swap into another
   pool needs its full size while the old ladder still runs; in the same pool it needs
-  only the difference; terminate and preempt release at once).
+  only the difference; terminate and preempt release at once). A running rank counts
+  with the instances it holds: a degraded one only its ready replicas'.
 - **C3 SLO risk.** p_brk ≤ τ for every new ladder (waived for a batch job whose deadline
   no candidate can meet: a *late* job, see :mod:`koi.planning.candidates`).
 - **C4 swap budget.** Active jobs whose ladder changes (swap, retry, preempt; a "swap" to
@@ -259,11 +260,13 @@ class _Checker:
         return out
 
     def demand(self, acts: Mapping[str, Action], skip: set[str]) -> tuple[dict[str, int], dict[str, list[str]]]:
-        """Net instances per pool the plan needs, and which jobs need them."""
+        """Net instances per pool the plan needs, and which jobs need them. A running ladder counts
+        with the instances it holds (``capacity.held_replicas``: a degraded rank only its ready
+        replicas'), as the selector and S6 count it."""
         use: dict[str, int] = defaultdict(int)
         who: dict[str, list[str]] = defaultdict(list)
         for jid, a in sorted(acts.items()):
-            cur = self.pools.ladder_usage(self.s.ladder_of(jid))
+            cur = self.pools.held_usage(d for d in self.s.deployments if d.job_id == jid)
             if a.type in RELEASE_ACTIONS:
                 for p, k in cur.items():
                     use[p] -= k
