@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from koi.domain import Ladder, Rank
 from koi.planning.candidates import generate
-from koi.planning.context import PlanningContext
+from koi.planning.context import EnumerationParams, PlanningContext
 from koi.planning.predictor import FixedPredictor, FixedRow
 from koi.planning.synthetic import online_job, pool, snapshot, with_running
 
@@ -141,3 +141,61 @@ def test_no_short_headroom_split_when_the_first_pool_holds_the_minimum_size():
     # the headroom (four H100 replicas' worth, 25 req/s) would need three H100 + two A100 replicas; the
     # A100 pool holds one: three H100 + one A100 (21.9 req/s) would keep only part of it
     assert [("A100-80GB", 1), ("H100", 3)] not in [_ranks(c) for c in jc.all_scored]
+
+
+# ---- scale-out: a breaching running ladder gets capacity added next to it ---------------------------
+def _scale_out_case(a100_total: int = 2):  # noqa: ANN202
+    """``big`` (1,200 tok/s) runs on one H100 replica (1,600 tok/s of SLO capacity) in a full H100 pool;
+    the A100 nodes (800 tok/s per replica) are free."""
+    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=1), pool("aws", "p4de.24xlarge", "us-east-1", total=a100_total)]
+    base = snapshot([_big(rate=1200 / 256)], pools)
+    h100 = base.resources.pools[0]
+    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1)])
+    return with_running(base, {"big": running})
+
+
+def _scale_outs(snap, risk: dict[str, float], **enum) -> tuple[list, object]:  # noqa: ANN001
+    """The ladders scale-out adds (those generated with it and not without it), and the job's candidates."""
+    def gen(share: float):  # noqa: ANN202
+        params = EnumerationParams(**{**enum, "scale_out_share": share})
+        return generate(snap, PlanningContext(predictor=FixedPredictor(ROWS), observed_risk=risk, enum=params))["big"]
+
+    jc, off = gen(enum.pop("scale_out_share", 0.5)), gen(0.0)
+    base = {c.cand_id for c in off.all_scored}
+    return [c for c in jc.all_scored if c.cand_id not in base], jc
+
+
+def test_a_breaching_running_ladder_gets_a_scale_out_that_keeps_it_serving():
+    """Its own window says it breaches (observed risk 1.0): besides rebuilding it, the job may keep it and add
+    half its capacity on the free A100s (one replica of 800 tok/s) — no transition gap, and SwitchCost
+    pays for the added rank only."""
+    snap = _scale_out_case()
+    assert [p.free_instances for p in snap.resources.pools] == [0, 2]
+    added, jc = _scale_outs(snap, {"big": 1.0})
+    assert [_ranks(c) for c in added] == [[("A100-80GB", 1), ("H100", 1)]]
+    (c,) = added
+    assert c.cand_id in {x.cand_id for x in jc.candidates}  # an option the selector sees
+    (cur,) = jc.keep.ranks
+    assert any(r.key == cur.key and r.n == cur.n for r in c.ranks)  # the running rank, as it is
+    assert c.unserved == 0.0  # nothing is replaced: nothing goes dark
+    rebuilds = [x for x in jc.all_scored if not any(r.key == cur.key for r in x.ranks)]
+    assert rebuilds and all(c.switch < x.switch for x in rebuilds)
+
+
+def test_no_scale_out_when_the_running_ladder_meets_its_slo_or_has_no_rank_slot_left():
+    snap = _scale_out_case()
+    added, jc = _scale_outs(snap, {})
+    assert jc.keep.p_brk <= 0.2 and jc.keep.unserved == 0.0
+    assert added == []
+    assert _scale_outs(snap, {"big": 1.0}, max_ranks=1)[0] == []
+
+
+def test_a_scale_out_rank_is_sized_to_the_share_and_capped_at_the_free_instances():
+    """Three A100 nodes free. Share 1.5 of 1,600 tok/s = 2,400 tok/s: three replicas. Share 2.5 (4,000 tok/s)
+    wants five; the three that fit carry more than half of it: three. Share 4 (6,400 tok/s): three carry
+    less than half: none."""
+    snap = _scale_out_case(a100_total=3)
+    risk = {"big": 1.0}
+    for share, want in ((1.5, [[("A100-80GB", 3), ("H100", 1)]]), (2.5, [[("A100-80GB", 3), ("H100", 1)]]),
+                        (4.0, [])):
+        assert [_ranks(c) for c in _scale_outs(snap, risk, scale_out_share=share)[0]] == want, share

@@ -31,6 +31,14 @@ Choices:
   candidates compete on σ (their risk still costs γ·p_brk; the fast points of the deadline
   curve have the most margin). Otherwise such a job
   could never be admitted, which C6 forbids.
+- **Scale-out.** An active job whose running ladder breaches C3 (the model's p_brk at ε, or its
+  own last window's observed risk, above τ) or leaves demand unserved also gets ladders that keep
+  every running rank and add one on another pool's free instances
+  (:func:`koi.planning.split.scale_out_ladders`). Without them its only repairs were rebuilds:
+  in place where its pool is full (dark for a cold start: on hetero-3h, seeds 0 and 2, a 70B RAG
+  service slowed by the H100 driver update was charged a 32% gap for every repair, kept its
+  breaching ladder for ten ticks and met its p99 TPOT on ~45% of requests meanwhile), or split
+  ladders whose first rank must meet τ alone, which a slowed GPU's chains no longer do.
 - **Hardware classes.** A predictor that is not environment-sensitive predicts once per
   (GPU type, instance shape) and the result fans out over the pools of that class, which
   differ only in price; an environment-sensitive one is called per pool.
@@ -81,7 +89,7 @@ from koi.planning.enumeration import chain_configs
 from koi.planning.ladder_eval import evaluate_ladders, switch_costs
 from koi.planning.options import Candidate, JobCandidates, OptionKind, RankSpec
 from koi.planning.predictor import ChainEstimate
-from koi.planning.split import SplitRows, ladder_key, split_ladders
+from koi.planning.split import SplitRows, ladder_key, scale_out_ladders, split_ladders
 from koi.planning.transition import transition_gaps
 from koi.scoring.exploration import EMPTY, Activation
 from koi.scoring.tchebycheff import reference_point, tchebycheff
@@ -408,6 +416,11 @@ class CandidateGenerator:
             hetero += [h for h in split_ladders(rows, ctx, self.pools.by_id, weights=weights, online=online,
                                                 lam=lam, whole_pools=True)
                        if ladder_key(h) not in seen_keys]
+        if current and keep_eval is not None and ctx.enum.scale_out_share > 0 and self._breaching(js, keep_eval):
+            seen_keys = {ladder_key(h) for h in hetero}
+            hetero += [h for h in scale_out_ladders(rows, ctx, current, weights=weights, online=online,
+                                                    share=ctx.enum.scale_out_share)
+                       if ladder_key(h) not in seen_keys]
         if hetero:
             hev = evaluate_ladders(js, hetero, ctx, now, np.array([max(r.cold_s for r in h) for h in hetero]))
         H = len(hetero)
@@ -548,6 +561,12 @@ class CandidateGenerator:
             n_chains=n_chains, n_feasible=P, n_c3_dropped=int(((all_p > knobs.tau) & ~same).sum()),
             infeasible_reasons=reasons, late=late, scored_builder=build_all,
         )
+
+    def _breaching(self, js: JobState, keep_eval) -> bool:  # noqa: ANN001
+        """The running ladder breaches C3 (at ε, or by its own last window) or leaves demand unserved:
+        the trigger for scale-out ladders (module docstring, "Scale-out")."""
+        k = max(float(keep_eval.p_brk[0]), float(self.ctx.observed_risk.get(js.job.job_id, 0.0)))
+        return k > self.ctx.knobs.tau or float(keep_eval.unserved[0]) > 0.0
 
     def _causal_risk(self, c: Candidate, p_hi: float) -> None:
         """Widen a candidate's DRO radius by its causal doubt (module docstring, "Causal risk"):

@@ -54,6 +54,9 @@ class EnumerationParams(KoiModel):
     online_max_headroom: float = Field(default=2.0, ge=1, description="replicas up to this × n_min for risk")
     hetero_top: int = Field(default=3, ge=0, description="best chains tried as the first rank of a split ladder")
     max_ranks: int = Field(default=3, ge=1)
+    scale_out_share: float = Field(default=0.5, ge=0,
+                                   description="capacity a scale-out rank adds to a breaching running ladder, "
+                                               "as a share of that ladder's (0: no scale-out ladders)")
 
 
 @dataclass

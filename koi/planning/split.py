@@ -4,7 +4,9 @@ the candidate generator's step 3, :mod:`koi.planning.candidates`).
 A job whose best pool is short gets ladders that fill that pool and put the remainder on other
 pools' chains. Two passes: over the *free* instances (plus, for an active job, the ones its
 running ladder holds), and — for a pending job only — over *whole* pools, the reservation targets
-for a job no single pool can carry in a full fleet (:func:`split_ladders`).
+for a job no single pool can carry in a full fleet (:func:`split_ladders`). An active job whose
+running ladder breaches also gets *scale-out* ladders: that ladder unchanged plus one rank on
+another pool's free instances (:func:`scale_out_ladders`).
 """
 
 from __future__ import annotations
@@ -195,3 +197,58 @@ def split_ladders(rows: SplitRows, ctx: PlanningContext, pools: Mapping[str, Poo
     # (3 × hetero_top of them: the tightest may fail C3 once evaluated)
     best = sorted(out, key=lambda k: (sum(r.instances * r.gpus_per_instance for r in out[k]), k))
     return [out[k] for k in sorted(best[:3 * e.hetero_top])]
+
+
+def scale_out_ladders(rows: SplitRows, ctx: PlanningContext, current: Sequence[RankSpec], *,
+                      weights: np.ndarray, online: bool, share: float) -> list[tuple[RankSpec, ...]]:
+    """The running ladder unchanged plus one rank on another pool's free instances (module docstring).
+
+    Why: a running ladder that breaches (an engine update slowed its GPU; the model has not caught
+    up) is repaired by the planner's other ladders only by rebuilding it, and where its own pool is
+    full that rebuild is in place — the job goes dark for a cold start (:mod:`koi.planning.transition`)
+    — while split ladders need a first rank that meets τ on its own. An operator adds capacity
+    next to what runs. These ladders do: the running ranks keep serving (no gap; SwitchCost pays
+    only for the added rank), and the new rank takes its share of the traffic once warm.
+
+    Sizing: the added rank carries ``share`` × the running ladder's capacity (per-replica SLO
+    capacity for online jobs, saturation throughput for batch), the headroom step of online sizing
+    (n_min + ⌊n_min/2⌋), as many replicas of the pool's best chain as that takes, capped at the
+    pool's free instances; a rank that would carry less than half of it is not offered. One ladder
+    per other pool, its best-scoring chain; the ``hetero_top`` best by that score (ties: pool id).
+    Only while the running ladder has fewer than ``max_ranks`` ranks.
+    """
+    e = ctx.enum
+    F = len(rows.proto_of)
+    if not current or F == 0 or share <= 0 or len(current) >= e.max_ranks or e.hetero_top <= 0:
+        return []
+    cap = sum(r.n * (r.est.cap_tps if online else r.est.sat_tps) for r in current)
+    extra = share * cap
+    if extra <= 0:
+        return []
+    ref = reference_point(rows.y)
+    z, rng = ref.arrays()
+    score = tchebycheff(rows.y, weights, z, rng, ctx.knobs.rho) - ctx.knobs.gamma * rows.p_brk
+    busy = {r.pool_id for r in current}
+    best: dict[str, int] = {}  # pool -> its best row (score, then enumeration order)
+    for f in range(F):
+        pid = rows.pid[f]
+        if pid in busy or rows.pool[f].free_instances <= 0:
+            continue
+        pk = rows.protos[rows.proto_of[f]]
+        if (pk.est.cap_tps if online else pk.est.sat_tps) <= 0:
+            continue
+        b = best.get(pid)
+        if b is None or score[f] > score[b] + 1e-12:
+            best[pid] = f
+    out: list[tuple[float, str, tuple[RankSpec, ...]]] = []
+    for pid, f in best.items():
+        pool, pk = rows.pool[f], rows.protos[rows.proto_of[f]]
+        rate = pk.est.cap_tps if online else pk.est.sat_tps
+        n = math.ceil(extra / rate - 1e-9)
+        while n > 0 and instances_for(pk.config.gpus, n, pool.gpus_per_instance) > pool.free_instances:
+            n -= 1
+        if n <= 0 or n * rate < 0.5 * extra:
+            continue
+        out.append((float(score[f]), pid, (*current, rows.spec(f).with_n(n))))
+    out.sort(key=lambda t: (-t[0], t[1]))
+    return [lad for _, _, lad in out[:e.hetero_top]]
