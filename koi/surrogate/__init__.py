@@ -21,7 +21,8 @@ Flags: ``rescaled_gpu:<from>`` (GPU without measured tables), ``nearest_arch:<fr
 (model without a measured profile on that GPU), ``multi_node``, ``tp_across_nodes``,
 ``saturated``, ``kv_preemption``; ``uncertainty`` ≥ 1 multiplies the DRO σ.
 
-Modules: ``core`` (composition, ladder, capacity), ``outputs`` (BatchPrediction, Capacity,
+Modules: ``core`` (composition, ladder), ``capacity_mixin`` (capacity search),
+``closed_loop_mixin`` (the silicon benchmark's closed-loop mode), ``outputs`` (BatchPrediction, Capacity,
 SurrogateError), ``prep`` (per-candidate tables and scalars, cached), ``pricing`` (catalog
 prices), ``ladder_mix`` (ladder outcomes from its ranks'), ``queueing`` (latency under load),
 ``physics`` (koi.perf step tables, cached), ``feasibility`` (C2), ``profiles``

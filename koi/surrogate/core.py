@@ -37,6 +37,11 @@ Rank-level conventions (choices where the spec is vague):
 The utilisation cap for online jobs is Appendix B's UTILIZATION = 0.8: a replica's
 capacity is the largest rate at most 0.8 × saturation whose predicted p99 TTFT and TPOT
 (after residual correction) meet the job's targets.
+
+Layout: :class:`Surrogate` here holds the composition (preparation, steady-state solve, values,
+corrections, ``predict_many``, ``predict_rank``, ``predict_ladder``); the capacity search
+(``rank_capacity``, ``capacity_many``) comes from :mod:`koi.surrogate.capacity_mixin` and the
+closed-loop mode (``closed_loop``) from :mod:`koi.surrogate.closed_loop_mixin`.
 """
 
 from __future__ import annotations
@@ -52,11 +57,13 @@ from koi.domain.job import Job
 from koi.domain.model import ModelArch
 from koi.logging import get_logger
 from koi.surrogate import queueing
-from koi.surrogate.bisect import tree_bisect
+from koi.surrogate.capacity_mixin import CAP_BISECT as CAP_BISECT
+from koi.surrogate.capacity_mixin import CapacityMixin
+from koi.surrogate.closed_loop_mixin import ClosedLoopMixin
 from koi.surrogate.ladder_mix import _combine_ladder
-from koi.surrogate.outputs import _ALL_NAMES, BatchPrediction, Capacity, SurrogateError
+from koi.surrogate.outputs import _ALL_NAMES, BatchPrediction, SurrogateError
 from koi.surrogate.physics import B_GRID, ChainPhysics, WorkloadDigest, chain_physics
-from koi.surrogate.prep import _ROW_KEYS, _SCALAR_KEYS, _Prep, _prep_row, _scope, _scope_cached
+from koi.surrogate.prep import _NEAREST_SKIP, _ROW_KEYS, _SCALAR_KEYS, _Prep, _prep_row, _scope, _scope_cached
 from koi.surrogate.pricing import _cached_price, _rank_prices
 from koi.surrogate.profiles import ProfileBook
 from koi.surrogate.residual import ResidualModel
@@ -66,9 +73,6 @@ from koi.surrogate.types import LadderPrediction, RankPrediction
 log = get_logger(__name__)
 
 UTILIZATION_CAP = 0.8  # Appendix B, "Online per-replica utilization cap"
-#: Residual effects a nearest-architecture prediction leaves out: the neighbour's measured ratio
-#: on this GPU already carries the hardware's and its environments' deviation.
-_NEAREST_SKIP = ("gpu", "env")
 #: Load of a batch job's replicas when it names no rate, as a fraction of saturation: the job is a
 #: backlog the gateway's dispatcher keeps feeding, so every replica runs full (all the slots its KV
 #: pool allows busy, the saturation rate served) — the saturated state of the queueing model.
@@ -113,7 +117,7 @@ def _norm_cdf(x: np.ndarray) -> np.ndarray:
 
 
 # ---- the surrogate -----------------------------------------------------------------------------------
-class Surrogate:
+class Surrogate(CapacityMixin, ClosedLoopMixin):
     """The planner's forward model. Pure given (residuals, profiles): no I/O, deterministic.
 
     ``residuals``: learned corrections (``ResidualModel.fit(records)``); none by default.
@@ -530,63 +534,7 @@ class Surrogate:
         rows = np.array([rm.factor_row(s, sk) for s, sk in zip(scopes, skips, strict=True)], dtype=float)
         return {q: rows[:, i] for i, q in enumerate(qs)}
 
-    def _capacity(
-        self, job: Job, prep: _Prep, sat_rep: np.ndarray, scopes: list[Scope], skips: list[tuple[str, ...]]
-    ) -> tuple[np.ndarray, list[str]]:
-        """Per-replica sustainable req/s and what limits it (see the module docstring).
-
-        All candidates are solved at once at the cap; those whose p99 targets fail there are
-        bisected (vectorised, ``CAP_BISECT`` halvings of log rate) between a near-idle rate and the
-        cap — latency grows with load, so the largest rate meeting both targets is found. A chain
-        that misses a target even near idle has capacity 0 (limited by that target).
-        """
-        m = len(sat_rep)
-        if self.residuals.n_records:
-            fac = self._factor_columns(scopes, skips)
-            f_tpot = fac.get("p99_tpot_ms", np.ones(m))
-            f_ttft = fac.get("p99_ttft_ms", np.ones(m))
-        else:
-            f_tpot = f_ttft = np.ones(m)
-        sat = sat_rep  # the learned speed is already in the prepared tables
-        if job.job_class is not JobClass.ONLINE:
-            return sat, ["saturation"] * m
-        tt_t, tp_t = job.slo.p99_ttft_ms, job.slo.p99_tpot_ms
-
-        def slack(sub: _Prep, lam: np.ndarray, fi: np.ndarray, fp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            """log of the worse of (p99 TTFT / target, p99 TPOT / target): ≤ 0 where both hold."""
-            r, _ = self._run(sub, lam, mediators=False)
-            a = (r.ttft_p99 + sub.f["request_s"]) * 1e3 * fi / tt_t
-            b = r.tpot_p99 * 1e3 * fp / tp_t
-            return np.log(np.maximum(np.maximum(a, b), 1e-12)), a >= b
-
-        top = self.utilization_cap * sat
-        w_top, ttft_binds = slack(prep, top, f_ttft, f_tpot)
-        cap = np.where(w_top <= 0.0, top, 0.0)
-        limited = np.where(w_top <= 0.0, "utilization", np.where(ttft_binds, "p99_ttft_ms", "p99_tpot_ms")).tolist()
-        fail = np.flatnonzero(w_top > 0.0)
-        if len(fail):
-            # the targets fail at the cap: bisect in log(rate) between a near-idle rate and the cap
-            sub = prep.take(fail)
-            fi, fp = f_ttft[fail], f_tpot[fail]
-            lo = np.log(np.maximum(1e-3 * sat[fail], 1e-9))
-            hi = np.log(top[fail])
-            w_lo, _ = slack(sub, np.exp(lo), fi, fp)
-            possible = np.flatnonzero(w_lo <= 0.0)
-            cap[fail] = 0.0
-            if len(possible):  # only those meeting both targets near idle are bisected (rows are independent)
-                sub = sub.take(possible) if len(possible) < len(fail) else sub
-                fi, fp = fi[possible], fp[possible]
-
-                def good_at(mids: np.ndarray) -> np.ndarray:
-                    """Both targets hold at the log rates ``mids`` (K, m): one solve over K × m rows."""
-                    K = mids.shape[0]
-                    w, _ = slack(sub.tile(K), np.exp(mids.T.ravel()), np.repeat(fi, K), np.repeat(fp, K))
-                    return (w <= 0.0).reshape(len(fi), K).T
-
-                cap[fail[possible]] = np.exp(tree_bisect(good_at, lo[possible], hi[possible], CAP_BISECT))
-        return cap, limited
-
-    # ---- public: one rank, one ladder, capacity ------------------------------------------------------------
+    # ---- public: one rank, one ladder (capacity: CapacityMixin) ---------------------------------------------
     def predict_rank(
         self,
         job: Job,
@@ -599,42 +547,6 @@ class Surrogate:
         b = self.predict_many(job, [rank.chain], offered_rps=offered_rps, n_replicas=rank.n_replicas,
                               price_per_gpu_hour=price_per_gpu_hour, **kw)  # fmt: skip
         return b.rank(0)
-
-    def rank_capacity(self, job: Job, chain: Chain) -> Capacity:
-        """Max sustainable req/s (and output tok/s) of ONE replica of ``chain`` for ``job``."""
-        return self.capacity_many(job, [chain])[0]
-
-    def capacity_many(self, job: Job, chains: Sequence[Chain], *,
-                      speed: float | Sequence[float] | np.ndarray | None = None) -> list[Capacity]:
-        """Per-replica capacity of each chain for ``job``; ``speed`` multiplies each chain's iteration
-        times on top of the learned speed (a what-if, as in :meth:`predict_many`)."""
-        try:
-            arch = catalog.model(job.model)
-        except catalog.CatalogError as exc:
-            raise SurrogateError(str(exc)) from exc
-        d = WorkloadDigest.of(job.workload)
-        phys = self._physics(arch, list(chains), d)
-        out: list[Capacity | None] = [None] * len(phys)
-        idx = [i for i, p in enumerate(phys) if p.feas.ok]
-        for i, p in enumerate(phys):
-            if not p.feas.ok:
-                out[i] = Capacity(0.0, 0.0, 0.0, "infeasible", False, tuple(p.feas.reasons), tuple(p.flags))
-        if idx:
-            ph = [phys[i] for i in idx]
-            prep = self._prepare(arch, d, ph)
-            fl = prep.flags
-            chains = list(chains)
-            sc = [_scope(job, chains[i], arch) for i in idx]
-            skips = [_NEAREST_SKIP if any(f.startswith("nearest_arch:") for f in fl[j]) else () for j in range(len(idx))]
-            spd = self._speeds(sc, skips)
-            if speed is not None:
-                spd = spd * np.broadcast_to(np.asarray(speed, dtype=float), (len(chains),))[idx]
-            prep.scale(spd)
-            sat = self._saturation(prep)
-            cap, limited = self._capacity(job, prep, sat, sc, skips)
-            for j, i in enumerate(idx):
-                out[i] = Capacity(float(cap[j]), float(cap[j] * d.osl), float(sat[j]), limited[j], True, (), fl[j])
-        return [c for c in out if c is not None]
 
     def predict_ladder(
         self,
@@ -694,103 +606,7 @@ class Surrogate:
             total_gpus=ladder.total_gpus,
         )
 
-    # ---- closed loop (fixed concurrency) -----------------------------------------------------------------
-    def closed_loop(
-        self,
-        model: str | ModelArch,
-        chains: Sequence[Chain],
-        isl: float,
-        osl: float,
-        concurrency: Sequence[float] | np.ndarray,
-        *,
-        profile: bool = True,
-        method: str = "replay",
-        ca: float = 1.0,
-        client: str | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Mean TTFT/TPOT (ms) of ``concurrency`` clients with fixed isl/osl, each sending its next
-        request when its previous one finishes (the silicon benchmark's workload).
-
-        ``method="replay"`` (default) schedules the engine iteration by iteration with koi.perf's
-        closed-loop replay (continuous batching, token budget, KV blocks, the engine's scheduler
-        policy) and times it with the same step model, under the silicon benchmark's protocol
-        as koi.perf emulates it (every client starts at once, means over its rounds, the
-        engine's per-request front-end time included); ``"analytic"`` uses the steady-state queueing model of
-        the open-loop path with renewal arrivals of CV ``ca`` (fast, but blind to the initial
-        burst and the wave synchronisation of a closed loop with fixed lengths). Both then apply the measured (or
-        nearest-architecture) speed ratios when ``profile``. Infeasible chains give NaN.
-
-        ``client`` names the benchmark client whose protocol the replay emulates (koi.perf's
-        ``"genai-perf"`` or ``"benchmark_serving"``: prompt/output length spreads and the front end
-        measured through it); None is koi.perf's default harness and the engine's own server front
-        end. The workload is the client's, so knowing it is not peeking at the answer: the same
-        model, GPU and config measured by the two clients differ by the client's behaviour alone.
-        """
-        arch = model if isinstance(model, ModelArch) else catalog.model(model)
-        chains = list(chains)
-        d = WorkloadDigest.fixed(isl, osl, ca)
-        phys = self._physics(arch, chains, d)
-        n = len(chains)
-        out = {k: np.full(n, np.nan) for k in ("ttft_ms", "tpot_ms", "throughput_tps", "batch")}
-        flags: list[tuple[str, ...]] = [tuple(p.flags) for p in phys]
-        idx = np.flatnonzero([p.feas.ok for p in phys])
-        conc_all = np.broadcast_to(np.asarray(concurrency, dtype=float), (n,))
-        if len(idx) and method == "analytic":
-            res, x, fl = self._solve(arch, d, [phys[i] for i in idx], np.full(len(idx), 1e-6),
-                                     closed_concurrency=conc_all[idx], profile=profile)  # fmt: skip
-            out["ttft_ms"][idx] = (res.ttft_mean + x["request_s"]) * 1e3
-            out["tpot_ms"][idx] = res.t_step * 1e3
-            out["throughput_tps"][idx] = res.lam_served * x["dp"] * osl
-            out["batch"][idx] = res.batch
-            for j, i in enumerate(idx):
-                flags[i] = fl[j]
-        elif len(idx):
-            from koi.perf.memory import InfeasibleConfig
-            from koi.perf.replay import closed_loop_estimate
-
-            for i in idx:
-                p = phys[i]
-                cfg = p.chain_key[3]
-                fp, fd, flag = self._profile(arch, p.chain_key[1], cfg.engine_name) if profile else (1.0, 1.0, None)
-                harness, request_s = _client_protocol(client, cfg.engine_name)
-                try:
-                    # koi.perf's replay emulates the silicon benchmark's protocol (all clients start
-                    # together, ten rounds) and adds the engine's per-request front-end time
-                    r = closed_loop_estimate(arch, p.chain_key[1], cfg, int(round(isl)), int(round(osl)),
-                                             int(round(conc_all[i])), links=p.links, step=p.step,
-                                             harness=harness, request_s=request_s)  # fmt: skip
-                except InfeasibleConfig:
-                    continue
-                out["ttft_ms"][i] = r.ttft_s * 1e3 * fp
-                out["tpot_ms"][i] = r.tpot_s * 1e3 * fd
-                out["throughput_tps"][i] = r.output_tps / fd
-                out["batch"][i] = r.mean_batch
-                flags[i] = tuple(p.flags) + ((flag,) if flag else ())
-        elif method not in ("replay", "analytic"):
-            raise SurrogateError(f"unknown closed-loop method {method!r}; expected 'replay' or 'analytic'")
-        out["flags"] = np.array(flags + [()], dtype=object)[:-1] if n else np.zeros(0, dtype=object)
-        return out
-
-
 # ---- module helpers ------------------------------------------------------------------------------------------
-def _client_protocol(client: str | None, engine: str):
-    """(harness, front-end seconds) of benchmark ``client`` against ``engine``; (None, None) for the default."""
-    if client is None:
-        return None, None
-    from koi.perf.fidelity import harness
-    from koi.perf.overheads import engine_overheads
-
-    try:
-        h = harness(client, engine)
-    except ValueError as exc:
-        raise SurrogateError(f"closed_loop: {exc}; expected 'genai-perf' or 'benchmark_serving'") from None
-    return h, engine_overheads(engine, client).request_s
-
-
-#: Halvings of log(rate) in the capacity search (≈ 0.7% precision over the 10³ range searched).
-CAP_BISECT = 10
-
-
 def clear_caches() -> None:
     """Empty the surrogate's process caches (physics, tables, prepared rows, scopes, prices)."""
     from koi.surrogate import physics

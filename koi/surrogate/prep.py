@@ -18,6 +18,10 @@ from koi.domain.model import ModelArch
 from koi.surrogate.physics import ChainPhysics, WorkloadDigest, chain_tables
 from koi.surrogate.scope import Scope
 
+#: Residual effects a nearest-architecture prediction leaves out: the neighbour's measured ratio
+#: on this GPU already carries the hardware's and its environments' deviation.
+_NEAREST_SKIP = ("gpu", "env")
+
 
 def _scope(job: Job, chain: Chain, arch: ModelArch) -> Scope:
     return _scope_cached(chain, arch.name, arch.family, float(job.workload.isl), float(job.workload.osl), job.job_id)
