@@ -77,6 +77,22 @@ STATIC = _register(PolicySpec(name="test-static", label="Test static", family=Fa
                               make_proposer=_deterministic))
 
 
+def _stalled(ctx):  # noqa: ANN001, ANN202 - a proposer that takes ten minutes to think
+    import time
+
+    inner = _deterministic(ctx)
+
+    def propose(c):  # noqa: ANN001, ANN202
+        time.sleep(600)
+        return inner(c)
+
+    return propose
+
+
+STALLED = _register(PolicySpec(name="test-stalled", label="Test stalled", family=Family.NON_LEARNING,
+                               make_proposer=_stalled))
+
+
 def write_tiny(directory: Path) -> Path:
     p = directory / "bench-tiny.yaml"
     p.write_text(yaml.safe_dump(TINY, sort_keys=False), encoding="utf-8")
@@ -239,6 +255,84 @@ def test_bench_run_in_two_processes_then_from_the_cache(tiny, tmp_path, monkeypa
     doc2 = json.loads(res.stdout)
     assert all(b["cached"] for b in doc2["runs"])
     assert doc2["report"]["policies"] == doc["report"]["policies"]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_sigterm_to_bench_run_stops_its_workers(tiny, tmp_path):
+    """An operator's `kill` of a suite must not leave its workers computing runs for nobody: SIGTERM is
+    handled like Ctrl-C (queued runs dropped, running workers terminated), and a worker whose suite
+    process is gone exits on its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "KOI_BENCH_POLICY_MODULES": "test_bench_runner",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-c", "import sys; sys.argv[0] = 'koi'; from koi.cli import main; main()",
+           "bench", "run", "--scenario", str(tiny), "--policies", "test-stalled", "--seeds", "2",
+           "--hours", str(HOURS), "--jobs", "2", "--cache-dir", str(tmp_path), "--no-report"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            workers = [c for c in _children(proc.pid)
+                       if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes() and _children(c) == []]
+            if len(workers) >= 2 and any(Path(tmp_path).rglob("koi.db")):  # both started, a run is under way
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None and len(workers) >= 2, proc.stderr.read().decode() if proc.poll() else workers
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers), "a worker outlived its suite"
+        assert not list(Path(tmp_path).rglob("seed*.json"))  # nothing half-run was cached
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for w in workers:  # a failed check must not leave them sleeping
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
+
+
+def test_a_bench_worker_exits_when_its_suite_process_is_gone():
+    """The watchdog (for SIGKILL or a crash of the suite process, which no handler sees): a worker told
+    that its parent is a process it is not a child of behaves as if reparented, and exits."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time; from koi.cli.bench import _exit_with_parent; _exit_with_parent(-1); time.sleep(60); "
+            "raise SystemExit(0)")
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True)
+    assert res.returncode == 143, res.stderr.decode()
+    assert time.monotonic() - t0 < 30
 
 
 def test_bench_run_rejects_an_unknown_policy(tiny, tmp_path):

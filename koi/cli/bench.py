@@ -7,6 +7,10 @@ figures under ``KOI_DATA_DIR/bench/<scenario>/report/`` and prints the main tabl
 ``koi bench report --scenario hetero-3h`` rebuilds them from the cache; ``--json`` prints one
 JSON document (every policy's mean and std of every metric).
 
+Ctrl-C or SIGTERM stops a suite: queued runs are dropped and running ones terminated (finished
+runs stay cached, so the same command resumes); a worker whose suite process died some other way
+(SIGKILL, out of memory) notices within a second and exits instead of finishing a run for nobody.
+
 Extra policies (experiments, tests) register themselves when their module is imported: name the
 modules in ``KOI_BENCH_POLICY_MODULES`` (comma-separated) and every worker imports them.
 
@@ -79,9 +83,45 @@ def _policies(names: str) -> list[Any]:
 
 
 # ---- worker processes ---------------------------------------------------------------------------------------
-def _init_worker(verbose: bool) -> None:
+def _init_worker(verbose: bool, parent: int | None = None) -> None:
     _quiet(verbose)
     _plugins()
+    if parent is not None:
+        _exit_with_parent(parent)
+
+
+#: how often a worker checks that the suite process that started it is still there
+PARENT_POLL_S = 1.0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker when the suite process is gone (SIGKILL, OOM, a crash): a pool worker
+    otherwise runs its 12-hour run to the end for nobody, and holds a core while it does
+    (reparented processes see another parent id)."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_S)
+            if os.getppid() != parent:
+                os._exit(143)
+
+    threading.Thread(target=watch, name="koi-bench-parent-watch", daemon=True).start()
+
+
+def _terminate_on_sigterm() -> Any:
+    """SIGTERM in the suite process raises KeyboardInterrupt (as Ctrl-C does), so the pool is shut
+    down and the workers are stopped instead of being orphaned; returns the previous handler."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _run_in_worker(spec: Any, cache_dir: str | None, fresh: bool, q: Any) -> dict[str, Any]:
@@ -133,31 +173,45 @@ def _run_parallel(todo: list[Any], cache_dir: str | None, fresh: bool, jobs: int
     out: list[dict[str, Any]] = []
     prog = _progress() if show else None
     bars: dict[str, Any] = {}
+    previous = _terminate_on_sigterm()
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
+                               initargs=(verbose, os.getpid()))  # fmt: skip
     try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(verbose,)) as pool:  # fmt: skip
-            futs = {pool.submit(_run_in_worker, s, cache_dir, fresh, q): s for s in longest_first(todo)}
-            if prog:
-                prog.start()
-                overall = prog.add_task("suite", total=len(todo))
-            pending = set(futs)
-            while pending:
-                done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-                _drain(q, prog, bars)
-                for f in done:
-                    s = futs[f]
-                    try:
-                        out.append(f.result())
-                    except Exception as exc:  # noqa: BLE001 - one failed run does not stop the suite
-                        err_console.print(f"[red]run {s.policy} seed {s.seed} failed:[/] {type(exc).__name__}: {exc}")
-                        out.append({"policy": s.policy, "seed": s.seed, "error": f"{type(exc).__name__}: {exc}"})
-                    if prog:
-                        prog.advance(overall)
+        futs = {pool.submit(_run_in_worker, s, cache_dir, fresh, q): s for s in longest_first(todo)}
+        if prog:
+            prog.start()
+            overall = prog.add_task("suite", total=len(todo))
+        pending = set(futs)
+        while pending:
+            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
             _drain(q, prog, bars)
+            for f in done:
+                s = futs[f]
+                try:
+                    out.append(f.result())
+                except Exception as exc:  # noqa: BLE001 - one failed run does not stop the suite
+                    err_console.print(f"[red]run {s.policy} seed {s.seed} failed:[/] {type(exc).__name__}: {exc}")
+                    out.append({"policy": s.policy, "seed": s.seed, "error": f"{type(exc).__name__}: {exc}"})
+                if prog:
+                    prog.advance(overall)
+        _drain(q, prog, bars)
+        pool.shutdown(wait=True)
+    except BaseException:
+        # interrupted (Ctrl-C, SIGTERM): drop the queued runs and stop the running ones now (a plain
+        # shutdown would wait for them to finish); finished runs are already in the cache
+        procs = list((getattr(pool, "_processes", None) or {}).values())  # the stdlib keeps no public handle
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+        raise
     finally:
         if prog:
             prog.stop()
         manager.shutdown()
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
     return out
 
 
