@@ -508,7 +508,7 @@ class CandidateGenerator:
         if current and keep_eval is not None:
             kj = float(tchebycheff(keep_eval.y, weights, z, rng, knobs.rho)[0])
             # the running ladder's own last window outranks the model where it says worse
-            kp = max(float(keep_eval.p_brk[0]), float(ctx.observed_risk.get(job.job_id, 0.0)))
+            kp = self._keep_risk(js, float(keep_eval.p_brk[0]))
             keep_c = Candidate(job.job_id, OptionKind.KEEP, current, keep_eval.y[0], kj, kp, 0.0,
                                kj - knobs.gamma * kp, float(keep_eval.unserved[0]), float(keep_eval.served_tps[0]),
                                dem, float(keep_eval.capacity_tps[0]), c3_ok=kp <= knobs.tau)
@@ -531,7 +531,7 @@ class CandidateGenerator:
                 self._causal_risk(c, float(all_p_hi[i]))
         if keep_c is not None and keep_eval is not None and keep_eval.p_brk_hi is not None and keep_c.ranks:
             p_model = self._widened(float(keep_eval.p_brk[0]), float(keep_eval.p_brk_hi[0]), keep_c.activation)
-            kp = max(p_model, float(ctx.observed_risk.get(job.job_id, 0.0)))
+            kp = self._keep_risk(js, p_model)
             keep_c.sigma -= knobs.gamma * (kp - keep_c.p_brk)
             keep_c.p_brk = kp
         for c in [*kept, *(x for x in (keep_c, defer_c) if x is not None)]:
@@ -565,8 +565,13 @@ class CandidateGenerator:
     def _breaching(self, js: JobState, keep_eval) -> bool:  # noqa: ANN001
         """The running ladder breaches C3 (at ε, or by its own last window) or leaves demand unserved:
         the trigger for scale-out ladders (module docstring, "Scale-out")."""
-        k = max(float(keep_eval.p_brk[0]), float(self.ctx.observed_risk.get(js.job.job_id, 0.0)))
+        k = self._keep_risk(js, float(keep_eval.p_brk[0]))
         return k > self.ctx.knobs.tau or float(keep_eval.unserved[0]) > 0.0
+
+    def _keep_risk(self, js: JobState, p_model: float) -> float:
+        """The running ladder's breach probability: the model's, or its own last window's where that says
+        worse (:mod:`koi.evidence.observed`)."""
+        return max(p_model, float(self.ctx.observed_risk.get(js.job.job_id, 0.0)))
 
     def _causal_risk(self, c: Candidate, p_hi: float) -> None:
         """Widen a candidate's DRO radius by its causal doubt (module docstring, "Causal risk"):

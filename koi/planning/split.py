@@ -51,6 +51,13 @@ class SplitRows:
     spec: Callable[[int], RankSpec]
 
 
+def row_scores(rows: SplitRows, ctx: PlanningContext, weights: np.ndarray) -> np.ndarray:
+    """Each row's J − γ·p_brk as a single-rank ladder, against the rows' own reference point: how the
+    split and scale-out builders rank chains before the ladders they build are evaluated."""
+    z, rng = reference_point(rows.y).arrays()
+    return tchebycheff(rows.y, weights, z, rng, ctx.knobs.rho) - ctx.knobs.gamma * rows.p_brk
+
+
 def split_ladders(rows: SplitRows, ctx: PlanningContext, pools: Mapping[str, Pool], *, weights: np.ndarray,
                   online: bool, lam: float = 0.0, whole_pools: bool = False,
                   own: Mapping[str, int] | None = None) -> list[tuple[RankSpec, ...]]:
@@ -74,7 +81,7 @@ def split_ladders(rows: SplitRows, ctx: PlanningContext, pools: Mapping[str, Poo
     """
     e = ctx.enum
     rows_p, rows_pool, rows_pid, protos = rows.proto_of, rows.pool, rows.pid, rows.protos
-    y, p_brk, row_spec = rows.y, rows.p_brk, rows.spec
+    p_brk, row_spec = rows.p_brk, rows.spec
     F = len(rows_p)
     if e.hetero_top <= 0 or e.max_ranks < 2 or F == 0:
         return []
@@ -82,10 +89,7 @@ def split_ladders(rows: SplitRows, ctx: PlanningContext, pools: Mapping[str, Poo
     # to leave, and a rank that loses a node overloads the others (a reclaimed spot node of a
     # three-pool ladder left qwen3-235b at 15% on time on hetero-3h)
     max_ranks = min(e.max_ranks, 2) if whole_pools else e.max_ranks
-    ref = reference_point(y)
-    z, rng = ref.arrays()
-    score = tchebycheff(y, weights, z, rng, ctx.knobs.rho) - ctx.knobs.gamma * p_brk
-    score = np.where(p_brk <= ctx.knobs.tau, score, -np.inf)
+    score = np.where(p_brk <= ctx.knobs.tau, row_scores(rows, ctx, weights), -np.inf)
     # every row, best first (rows over τ last): a filler carries part of the load only, so a
     # chain too small to carry the whole job within τ may still fill; first ranks need τ
     ranked = [int(i) for i in np.lexsort((np.arange(F), -np.nan_to_num(score, neginf=-1e300)))]
@@ -225,9 +229,7 @@ def scale_out_ladders(rows: SplitRows, ctx: PlanningContext, current: Sequence[R
     extra = share * cap
     if extra <= 0:
         return []
-    ref = reference_point(rows.y)
-    z, rng = ref.arrays()
-    score = tchebycheff(rows.y, weights, z, rng, ctx.knobs.rho) - ctx.knobs.gamma * rows.p_brk
+    score = row_scores(rows, ctx, weights)
     busy = {r.pool_id for r in current}
     best: dict[str, int] = {}  # pool -> its best row (score, then enumeration order)
     for f in range(F):
