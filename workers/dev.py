@@ -154,15 +154,42 @@ def _spawn(name: str, argv: list[str], *, background: bool, settings: Settings, 
     return proc
 
 
-def start_dev_server(settings: Settings | None = None, *, background: bool = False, wait_s: float = 60.0) -> Proc:
-    """Start ``temporal server start-dev`` on the configured address; waits until it accepts connections."""
-    from workers.client import temporal_cli
+PORT_RACE = "address already in use"
+DEV_SERVER_ATTEMPTS = 3
 
+
+def start_dev_server(settings: Settings | None = None, *, background: bool = False, wait_s: float = 60.0) -> Proc:
+    """Start ``temporal server start-dev`` on the configured address; waits until it accepts connections.
+
+    Besides the frontend and UI ports it is given, the dev server binds a handful of
+    ports it picks itself (HTTP API, metrics, the history/matching/worker services)
+    by asking the kernel for a free one and binding it a moment later. Another
+    process can take one in between; the server then exits with "address already in
+    use" before the frontend opens. That race is worth two more tries (each picks new
+    ports); any other early exit is reported at once with the end of its log.
+    """
     s = settings or get_settings()
     host, port = host_port(s.temporal_address)
     if port_open(host, port):
         raise RuntimeError(f"something already listens on {s.temporal_address}")
     s.data_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, DEV_SERVER_ATTEMPTS + 1):
+        log_path = log_dir(s) / "temporal.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        proc = _spawn("temporal", _dev_server_argv(s, host, port), background=background, settings=s)
+        if _wait_for_frontend(proc, host, port, wait_s, s):
+            return proc
+        tail = _log_tail(log_path, offset)
+        if PORT_RACE in tail and attempt < DEV_SERVER_ATTEMPTS:
+            log.warning("temporal.port_race", attempt=attempt, detail=tail.splitlines()[-1] if tail else "")
+            continue
+        raise RuntimeError(f"the Temporal dev server exited; see {log_path}" + (f":\n{tail}" if tail else ""))
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def _dev_server_argv(s: Settings, host: str, port: int) -> list[str]:
+    from workers.client import temporal_cli
+
     argv = [
         temporal_cli(), "server", "start-dev",
         "--ip", "127.0.0.1" if host in ("localhost", "127.0.0.1") else host,
@@ -174,16 +201,31 @@ def start_dev_server(settings: Settings | None = None, *, background: bool = Fal
     ]
     if s.temporal_namespace != "default":  # "default" always exists
         argv += ["--namespace", s.temporal_namespace]
-    proc = _spawn("temporal", argv, background=background, settings=s)
+    return argv
+
+
+def _wait_for_frontend(proc: Proc, host: str, port: int, wait_s: float, s: Settings) -> bool:
+    """True once the frontend port opens, False if the process exits first; raises on timeout."""
     deadline = time.monotonic() + wait_s
     while not port_open("127.0.0.1" if host == "localhost" else host, port):
         if not proc.alive():
-            raise RuntimeError(f"the Temporal dev server exited; see {log_dir(s) / 'temporal.log'}")
+            return False
         if time.monotonic() > deadline:
             proc.stop()
             raise TimeoutError(f"the Temporal dev server did not open {s.temporal_address} in {wait_s:.0f} s")
         time.sleep(0.2)
-    return proc
+    return True
+
+
+def _log_tail(path: Path, offset: int, lines: int = 8) -> str:
+    """The last lines the server wrote to its log since ``offset`` (the log is appended across starts)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 async def wait_for_server(settings: Settings | None = None, wait_s: float = 60.0) -> None:
