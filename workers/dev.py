@@ -173,18 +173,18 @@ def start_dev_server(settings: Settings | None = None, *, background: bool = Fal
     if port_open(host, port):
         raise RuntimeError(f"something already listens on {s.temporal_address}")
     s.data_dir.mkdir(parents=True, exist_ok=True)
-    for attempt in range(1, DEV_SERVER_ATTEMPTS + 1):
-        log_path = log_dir(s) / "temporal.log"
+    log_path = log_dir(s) / "temporal.log"
+    attempt = 0
+    while True:
+        attempt += 1
         offset = log_path.stat().st_size if log_path.exists() else 0
         proc = _spawn("temporal", _dev_server_argv(s, host, port), background=background, settings=s)
         if _wait_for_frontend(proc, host, port, wait_s, s):
             return proc
         tail = _log_tail(log_path, offset)
-        if PORT_RACE in tail and attempt < DEV_SERVER_ATTEMPTS:
-            log.warning("temporal.port_race", attempt=attempt, detail=tail.splitlines()[-1] if tail else "")
-            continue
-        raise RuntimeError(f"the Temporal dev server exited; see {log_path}" + (f":\n{tail}" if tail else ""))
-    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+        if PORT_RACE not in tail or attempt == DEV_SERVER_ATTEMPTS:
+            raise RuntimeError(f"the Temporal dev server exited; see {log_path}" + (f":\n{tail}" if tail else ""))
+        log.warning("temporal.port_race", attempt=attempt, detail=tail.splitlines()[-1])
 
 
 def _dev_server_argv(s: Settings, host: str, port: int) -> list[str]:
