@@ -25,8 +25,10 @@ from __future__ import annotations
 import json
 import os
 import queue as queue_mod
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -98,8 +100,6 @@ def _exit_with_parent(parent: int) -> None:
     """End this worker when the suite process is gone (SIGKILL, OOM, a crash): a pool worker
     otherwise runs its 12-hour run to the end for nobody, and holds a core while it does
     (reparented processes see another parent id)."""
-    import threading
-
     def watch() -> None:
         while True:
             time.sleep(PARENT_POLL_S)
@@ -112,9 +112,6 @@ def _exit_with_parent(parent: int) -> None:
 def _terminate_on_sigterm() -> Any:
     """SIGTERM in the suite process raises KeyboardInterrupt (as Ctrl-C does), so the pool is shut
     down and the workers are stopped instead of being orphaned; returns the previous handler."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return None
 
@@ -209,8 +206,6 @@ def _run_parallel(todo: list[Any], cache_dir: str | None, fresh: bool, jobs: int
             prog.stop()
         manager.shutdown()
         if previous is not None:
-            import signal
-
             signal.signal(signal.SIGTERM, previous)
     return out
 
