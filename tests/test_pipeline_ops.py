@@ -113,3 +113,62 @@ def test_a_degraded_ranks_scale_counts_from_the_replicas_it_holds() -> None:
     ops = plan_ops(snap, _plan(snap, Action(job_id="j1", type="swap", ladder=Ladder(
         ranks=[tp4.model_copy(update={"n_replicas": 4})]))), snap.cluster_id, snap.tick, 0, drain_s=30.0)  # fmt: skip
     assert [(o.kind, o.n_replicas, o.prev_replicas, "recover" in o.detail) for o in ops] == [("scale", 4, 2, False)]
+
+
+def test_a_swap_into_a_full_pool_releases_only_what_its_launch_lacks() -> None:
+    """A rolling replacement: the old rank gives back the instances the new chain needs beyond the
+    pool's free ones, keeps serving on the rest, and is handed over once the new chain serves."""
+    h = pool(*H100, "us-east-1", total=4)
+    jobs = [online_job("j", "llama-3.1-8b", rate=4.0, ttft_ms=1000, tpot_ms=30)]
+    old = Rank(env=h.env, config=ChainConfig(instance_type=h.instance_type, tp=1), n_replicas=32)  # 4 nodes
+    snap = with_running(snapshot(jobs, [h], tick=5, now=1500.0), {"j": Ladder(ranks=[old])})
+    assert snap.resources.pools[0].free_instances == 0
+    new = Rank(env=h.env, config=ChainConfig(instance_type=h.instance_type, tp=2), n_replicas=8)  # 2 nodes
+    ops = plan_ops(snap, _plan(snap, Action(job_id="j", type="swap", ladder=Ladder(ranks=[new]))),
+                   snap.cluster_id, snap.tick, 0, drain_s=30.0)  # fmt: skip
+    assert [(o.kind, o.n_replicas, o.prev_replicas, o.handover, o.drain_s) for o in ops] == [
+        ("scale", 16, 32, False, 0.0),  # 2 of the 4 nodes given back now, at once
+        ("launch", 8, 0, False, 0.0),
+        ("teardown", 0, 0, True, 30.0),  # the other 16 replicas serve until the new chain does
+    ]
+    assert ops[0].rank_id == ops[2].rank_id and ops[0].rank.n_replicas == 16
+    assert ops[0].detail == {"action": "swap", "release": "partial"}
+    # a successor that needs every node takes the old rank down first, as before
+    big = new.model_copy(update={"n_replicas": 16})
+    ops = plan_ops(snap, _plan(snap, Action(job_id="j", type="swap", ladder=Ladder(ranks=[big]))),
+                   snap.cluster_id, snap.tick, 0, drain_s=30.0)  # fmt: skip
+    assert [(o.kind, o.handover) for o in ops] == [("teardown", False), ("launch", False)]
+
+
+def test_in_place_swaps_of_two_jobs_share_one_pools_deficit_in_plan_order() -> None:
+    h = pool(*H100, "us-east-1", total=4)
+    jobs = [online_job(j, "llama-3.1-8b", rate=4.0, ttft_ms=1000, tpot_ms=30, submitted_at=i)
+            for i, j in enumerate(("a", "b"))]  # fmt: skip
+    two = Rank(env=h.env, config=ChainConfig(instance_type=h.instance_type, tp=8), n_replicas=2)
+    snap = with_running(snapshot(jobs, [h], tick=5, now=1500.0), {"a": Ladder(ranks=[two]), "b": Ladder(ranks=[two])})
+    tp4 = Rank(env=h.env, config=ChainConfig(instance_type=h.instance_type, tp=4), n_replicas=2)  # 1 node
+    plan = _plan(snap, Action(job_id="a", type="swap", ladder=Ladder(ranks=[tp4.model_copy(update={"n_replicas": 4})])),
+                 Action(job_id="b", type="swap", ladder=Ladder(ranks=[tp4])))  # fmt: skip
+    ops = plan_ops(snap, plan, snap.cluster_id, snap.tick, 0, drain_s=30.0)
+    # 3 nodes short: job a (first in the plan) gives back both of its nodes, job b the third
+    assert [(o.kind, o.job_id, o.n_replicas, o.handover) for o in ops] == [
+        ("teardown", "a", 0, False), ("scale", "b", 1, False),
+        ("launch", "a", 4, False), ("launch", "b", 2, False),
+        ("teardown", "b", 0, True),
+    ]
+    # 2 short: job a gives back both, job b hands over whole
+    plan = _plan(snap, Action(job_id="a", type="swap", ladder=Ladder(ranks=[tp4])),
+                 Action(job_id="b", type="swap", ladder=Ladder(ranks=[tp4])))  # fmt: skip
+    ops = plan_ops(snap, plan, snap.cluster_id, snap.tick, 0, drain_s=30.0)
+    assert [(o.kind, o.job_id, o.handover) for o in ops] == [
+        ("teardown", "a", False), ("launch", "a", False), ("launch", "b", False), ("teardown", "b", True)]
+
+
+def test_release_for_counts_whole_instances() -> None:
+    from koi.pipeline.deploy import release_for
+
+    assert release_for(1, 32, 8, 2) == 16  # 8 TP1 replicas per node
+    assert release_for(1, 30, 8, 1) == 6  # the half-full node goes first
+    assert release_for(16, 3, 8, 3) == 2  # a two-node chain frees two nodes
+    assert release_for(8, 2, 8, 5) == 2  # not enough: everything
+    assert release_for(8, 2, 8, 0) == 0

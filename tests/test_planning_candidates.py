@@ -210,9 +210,19 @@ def test_an_in_place_swap_into_a_full_pool_goes_dark_for_its_cold_start() -> Non
     new = swap.ranks[0]
     tick = 300.0
     share = h100.n * h100.est.cap_rps / sum(r.n * r.est.cap_rps for r in cur)
-    # no room next to the running rank: the H100 share is dark for the new chain's cold start
+    # no room next to the running rank: the part of the H100 share whose instances the new chain
+    # needs is dark for its cold start (a rolling replacement releases only that part)
     gap = transition_gaps(cur, [(new,)], {h100.pool_id: 0, a100.pool_id: 0}, tick)[0]
-    assert gap == pytest.approx(share * min(1.0, new.cold_s / tick)) and 0 < gap < 1
+    dark = min(1.0, new.instances / h100.instances)
+    assert gap == pytest.approx(share * dark * min(1.0, new.cold_s / tick)) and 0 < gap < 1
+    # one free instance: only the rest is released
+    if new.instances > 1:
+        part = transition_gaps(cur, [(new,)], {h100.pool_id: 1}, tick)[0]
+        assert part == pytest.approx(share * (new.instances - 1) / h100.instances * min(1.0, new.cold_s / tick))
+    # a successor on half the old rank's instances leaves half of its share dark
+    half = replace(new, instances=1)
+    assert transition_gaps(cur, [(half,)], {h100.pool_id: 0}, tick)[0] == pytest.approx(
+        share * min(1.0, 1 / h100.instances) * min(1.0, half.cold_s / tick))
     # room for the successor: make before break, no gap; a fresh placement has none either
     assert transition_gaps(cur, [(new,)], {h100.pool_id: new.instances}, tick)[0] == 0.0
     assert transition_gaps(None, [(new,)], {}, tick)[0] == 0.0

@@ -105,9 +105,16 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
     S5's C1, ``koi.planning.capacity``):
 
     1. releases, at once (no drain): preempted and terminated ranks, ranks of jobs that finished
-       or were cancelled (``released``), scale-downs, and a swap's old ranks in a pool its new
-       ladder uses when that pool has no room for the plan's launches besides them (a swap
-       within a pool needs only the difference: C1 counted the old instances as reused);
+       or were cancelled (``released``), scale-downs, and — when a pool has no room for the plan's
+       launches there besides a swap's old ranks in it (a swap within a pool needs only the
+       difference: C1 counted the old instances as reused) — just enough of those old ranks'
+       replicas to make the room: a *rolling replacement*, as a Kubernetes rolling update with
+       ``maxUnavailable`` set to what is missing. An old rank that must give back everything it
+       holds is torn down; one that gives back part is scaled in now and the rest handed over
+       in wave 3. Tearing every old rank of a full pool down at once took the whole job dark for
+       the new chain's cold start: on homo-12h (Koi, seed 1) a 56 × TP1 → 14 × TP2 rebuild of
+       agent-moe-30b needed half of the pool's instances and took all of them, and the job met
+       6–7% of its requests for two ticks. Old ranks give back in plan order (deterministic);
     2. launches and scale-ups;
     3. a swap's old ranks in other pools, handed over: each keeps taking traffic until a rank of
        the new ladder serves (the executor's ``handover``), then drains for ``drain_s`` — the A/B
@@ -187,19 +194,49 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
         seen.add(d.rank_id)
         first.append(teardown(d.job_id, d, "release", 0.0))
     index = PoolIndex(snapshot.resources)
-    roomy = _pools_with_room(index, ups)
+    deficit = _pool_deficits(index, ups)
     for job_id, d, action in in_place:
         p = index.pool_of(d.rank)
-        if p is not None and p.pool_id in roomy:
-            last.append(teardown(job_id, d, action, drain_s, handover=True))
-        else:
+        short = deficit.get(p.pool_id, 0) if p is not None else None
+        if short is None:  # a pool the resource map does not know: release first, as C1 cannot say
             first.append(teardown(job_id, d, action, 0.0))
+            continue
+        held = held_replicas(d)
+        k = release_for(d.rank.config.gpus, held, p.gpus_per_instance, short)
+        if k >= held:
+            first.append(teardown(job_id, d, action, 0.0))
+        else:
+            if k > 0:  # rolling replacement: give back only what the launches lack, hand the rest over
+                first.append(Op("scale", job_id, d.rank.model_copy(update={"n_replicas": held - k}), d.rank_id,
+                                _key(cluster_id, tick, job_id, d.rank_id, "scale", epoch), n_replicas=held - k,
+                                prev_replicas=held, detail={"action": action, "release": "partial"}))
+            last.append(teardown(job_id, d, action, drain_s, handover=True))
+        freed = instances_for(d.rank.config.gpus, held, p.gpus_per_instance) - instances_for(
+            d.rank.config.gpus, held - min(k, held), p.gpus_per_instance)
+        deficit[p.pool_id] = max(short - freed, 0)
     return first + ups + last
 
 
-def _pools_with_room(index: Any, ups: list[Op]) -> set[str]:
-    """Pools whose free instances hold every launch and scale-up of the plan there without
-    releasing anything first: a swap in place there can be make-before-break too."""
+def release_for(gpus_per_chain: int, held: int, gpus_per_instance: int, short: int) -> int:
+    """The fewest replicas of a rank holding ``held`` to stop so that ``short`` instances come free
+    (``held`` itself when even all of them do not free that many; 0 when nothing is short).
+
+    Counted with C1's packing (:func:`koi.planning.capacity.instances_for`); the executor's scale-in
+    stops whole instances first, so it frees what this counts."""
+    if short <= 0 or held <= 0:
+        return 0
+    have = instances_for(gpus_per_chain, held, gpus_per_instance)
+    for k in range(1, held):
+        if have - instances_for(gpus_per_chain, held - k, gpus_per_instance) >= short:
+            return k
+    return held
+
+
+def _pool_deficits(index: Any, ups: list[Op]) -> dict[str, int]:
+    """Per pool, the instances the plan's launches and scale-ups there need beyond the pool's free
+    ones (0: a swap in place there can be make-before-break in full). Releases of the first wave
+    other than in-place swaps (preemptions, scale-downs, departures) are not counted: the deficit
+    is an upper bound, so a rolling replacement never starves its own launch."""
     need: dict[str, int] = {}
     for op in ups:
         p = index.pool_of(op.rank)
@@ -210,7 +247,7 @@ def _pools_with_room(index: Any, ups: list[Op]) -> set[str]:
         if op.kind == "scale":
             k -= instances_for(g, op.prev_replicas, p.gpus_per_instance)
         need[p.pool_id] = need.get(p.pool_id, 0) + max(k, 0)
-    return {pid for pid, p in index.by_id.items() if need.get(pid, 0) <= p.free_instances}
+    return {pid: max(need.get(pid, 0) - p.free_instances, 0) for pid, p in index.by_id.items()}
 
 
 _DONE = {DeployStatus.LAUNCHED.value, DeployStatus.DRAINED.value, "scaled", "reweighted", "duplicate"}

@@ -17,10 +17,12 @@ def transition_gaps(current: Sequence[RankSpec] | None, ladders: Sequence[Sequen
                     free: Mapping[str, int], tick_s: float) -> np.ndarray:
     """Share of a tick's demand each swap leaves unserved while it happens (0 for a placement).
 
-    S6 replaces a running rank *in place* — tears it down before its successor starts — when its
-    pool has no free room for the successor (:func:`koi.pipeline.deploy.plan_ops`, wave 1); elsewhere
-    the old ranks keep serving until the new ones do (make before break). An in-place replacement
-    therefore leaves the old rank's share of the job's traffic without a server for the new chain's
+    S6 replaces a running rank *in place* when its pool has no free room for the successor
+    (:func:`koi.pipeline.deploy.plan_ops`, wave 1): it gives back only the instances the launches
+    lack (a rolling replacement) and hands the rest of the old rank over; elsewhere the old ranks
+    keep serving until the new ones do (make before break). An in-place replacement therefore
+    leaves the released part of the old rank's share — short / held instances, short = the
+    successor's instances beyond the pool's free ones — without a server for the new chain's
     cold start. SwitchCost prices churn in dollars (whitepaper, "The Cluster Objective"); this is the
     service it costs, in the selector's currency for lost service (the unserved share, priced at
     W·priority), so a swap that buys a few hundredths of J by going dark for two minutes does not
@@ -46,8 +48,11 @@ def transition_gaps(current: Sequence[RankSpec] | None, ladders: Sequence[Sequen
             keys = {key for _, key in new}
             replaced = [i for i in old if cur_keys[i] not in keys]
             launched = [r for r, key in new if key not in old_keys[pid]]
-            if not replaced or not launched or sum(r.instances for r in launched) <= free.get(pid, 0):
+            short = sum(r.instances for r in launched) - free.get(pid, 0)
+            if not replaced or not launched or short <= 0:
                 continue
-            gap += float(share[replaced].sum()) * min(1.0, max(r.cold_s for r in launched) / tick_s)
+            held = sum(current[i].instances for i in replaced)
+            dark = min(1.0, short / held) if held > 0 else 1.0
+            gap += float(share[replaced].sum()) * dark * min(1.0, max(r.cold_s for r in launched) / tick_s)
         out[k] = min(gap, 1.0)
     return out
