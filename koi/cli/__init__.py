@@ -25,7 +25,7 @@ app = typer.Typer(
 )
 #: Command modules, in help order. Each ``koi/cli/<name>.py`` exposes ``register(app)``.
 #: A module not written yet is left out; one that fails to import is an error.
-COMMAND_MODULES = ("catalog", "db", "sim", "surrogate", "learn", "why", "plan", "bench", "agent")
+COMMAND_MODULES = ("catalog", "db", "sim", "surrogate", "learn", "why", "deploys", "plan", "bench", "agent")
 
 for _name in COMMAND_MODULES:
     if importlib.util.find_spec(f"koi.cli.{_name}") is not None:

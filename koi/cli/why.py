@@ -11,8 +11,6 @@ Job, rank and mechanism queries read the store (``KOI_DATABASE_URL`` or the SQLi
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from koi.cli.output import console, emit, fail
@@ -31,25 +29,9 @@ def _cluster(cluster: str | None) -> str:
 
 
 def _engine(url: str | None, *, required: bool):  # noqa: ANN202 - Engine | None
-    from sqlalchemy import inspect
-    from sqlalchemy.engine import make_url
+    from koi.cli.output import open_store
 
-    from koi.config import get_settings
-    from koi.store import make_engine
-
-    target = url or get_settings().resolved_database_url
-    u = make_url(target)
-    if u.get_backend_name() == "sqlite" and u.database not in (None, "", ":memory:") and not Path(u.database).exists():
-        if required:
-            fail(f"no store at {u.database}; run `koi db upgrade` and a cluster first")
-        return None
-    eng = make_engine(target)
-    if "edge_beliefs" not in inspect(eng).get_table_names():
-        if required:
-            fail("the store has no schema yet; run `koi db upgrade`")
-        eng.dispose()
-        return None
-    return eng
+    return open_store(url, required=required, table="edge_beliefs")
 
 
 @app.command()
