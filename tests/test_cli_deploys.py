@@ -7,61 +7,20 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from infra.ledger import ledger_provider
-from koi.domain import (
-    Action,
-    ActionType,
-    ChainConfig,
-    Environment,
-    Job,
-    Ladder,
-    Plan,
-    Pool,
-    Rank,
-    ResourceMap,
-)
-from koi.pipeline import ProposeContext, Runtime, Verdict, run_ticks
+from koi.pipeline import run_ticks
 from koi.pipeline.messages import TickOutcome
-from koi.store import init_db, make_engine
+from tests.fakes.swap_cluster import JOB, swap_runtime
 
 CLUSTER = "c-deploys"
-ENV = Environment(cloud="aws", region="us-east-1", zone="use1-az1", market="on_demand", gpu_type="L4")
-JOB = Job.model_validate({
-    "job_id": "chat", "model": "llama-3.1-8b", "job_class": "online",
-    "workload": {"input_len": {"mean": 512, "std": 100}, "output_len": {"mean": 128, "std": 30},
-                 "arrival": {"rate_rps": 2.0}},
-    "slo": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
-})
-
-
-def _rank(n: int, max_num_seqs: int) -> Rank:
-    return Rank(env=ENV, config=ChainConfig(instance_type="g6.xlarge", max_num_seqs=max_num_seqs), n_replicas=n)
-
-
-def place_then_swap(ctx: ProposeContext) -> Plan:
-    """Tick 0 fills the 8-instance pool with one rank; tick 1 swaps it for a 4-replica rank of another config."""
-    if ctx.tick == 0:
-        return Plan(actions=[Action(job_id="chat", type=ActionType.PLACE, ladder=Ladder(ranks=[_rank(8, 256)]))],
-                    proposer="test")  # fmt: skip
-    if ctx.tick == 1:
-        return Plan(actions=[Action(job_id="chat", type=ActionType.SWAP, ladder=Ladder(ranks=[_rank(4, 128)]))],
-                    proposer="test")  # fmt: skip
-    return Plan(actions=[Action(job_id="chat", type=ActionType.KEEP)], proposer="test")
 
 
 @pytest.fixture
 def store(tmp_path):
     url = f"sqlite:///{tmp_path / 'koi.db'}"
-    eng = make_engine(url)
-    init_db(eng)
-    pools = ResourceMap(pools=[Pool(env=ENV, instance_type="g6.xlarge", gpus_per_instance=1, total_instances=8,
-                                    free_instances=8, hourly_price=0.8)])  # fmt: skip
-    rt = Runtime(engine=eng, world=ledger_provider(pools), proposers={"test": place_then_swap}, default_proposer="test",
-                 validator=lambda s, c, t, snap, plan: Verdict(valid=True, plan=plan), s2=lambda s, c, t: {},
-                 s3=lambda s, c, t: {}, interval_s=60.0)  # fmt: skip
+    rt = swap_runtime(url)
     out = run_ticks(rt, CLUSTER, 3, jobs=[JOB])
     assert [r.outcome for r in out] == [TickOutcome.COMMITTED] * 3
-    eng.dispose()
+    rt.engine.dispose()
     return url
 
 

@@ -84,3 +84,39 @@ def test_a_rolling_replacement_keeps_serving_through_the_cold_start() -> None:
     assert np.mean(np.nan_to_num(ttft[early], nan=np.inf) <= 2.0) > 0.9
     early = all_at_once["arrival"] < t1 + 60
     assert np.mean(np.nan_to_num(ttft_dark[early], nan=np.inf) <= 2.0) == 0.0
+
+
+def test_keep_all_undoes_a_rolling_replacement_whose_launch_was_refused(tmp_path) -> None:
+    """S6 scaled the old rank in, then the cloud refused the new rank: keep-all scales it back, so
+    the job runs on the whole pool again, and a reset of the tick deploys the swap afresh."""
+    from infra.ledger import LedgerWorld
+    from koi.pipeline import deploy, run_tick, run_ticks
+    from koi.pipeline.messages import StageRef, TickOutcome
+    from koi.pipeline.world import decode_checkpoint, encode_checkpoint, load_checkpoint, save_checkpoint
+    from koi.store import session_scope
+    from tests.fakes.swap_cluster import JOB, NEW, OLD, swap_runtime
+
+    rt = swap_runtime(f"sqlite:///{tmp_path / 'koi.db'}")
+
+    def ledger(edit=None) -> LedgerWorld:  # noqa: ANN001
+        with session_scope(rt.engine) as s:
+            found = load_checkpoint(s, "c")
+            w = LedgerWorld.restore(decode_checkpoint(found[1]))
+            if edit is not None:
+                edit(w)
+                save_checkpoint(s, "c", found[0], encode_checkpoint(w.checkpoint(), w.now()))
+        return w
+
+    assert run_ticks(rt, "c", 1, jobs=[JOB])[0].outcome is TickOutcome.COMMITTED
+    ledger(lambda w: w.fail_launches.add(NEW.rank_id("chat")))
+    r = run_tick(rt, "c", 1)
+    assert r.outcome is TickOutcome.FALLBACK and r.failed_stage == "s6_deploy"
+    assert r.compensation.undone == 1  # the partial release
+    w = ledger()
+    assert list(w.ranks) == [OLD.rank_id("chat")] and w.ranks[OLD.rank_id("chat")]["instances"] == 8
+    assert w.resources.pools[0].free_instances == 0
+    ledger(lambda w: w.fail_launches.clear())
+    d = deploy.s6_deploy(rt, StageRef(cluster_id="c", tick=1))
+    assert d.committed and d.scaled == 1 and d.launched == 1 and d.torn_down == 1
+    assert sorted(ledger().ranks) == [NEW.rank_id("chat")]
+    rt.engine.dispose()
