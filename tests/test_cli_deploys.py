@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from fakes.swap_cluster import JOB, swap_runtime
 from typer.testing import CliRunner
 
 from koi.pipeline import run_ticks
 from koi.pipeline.messages import TickOutcome
-from tests.fakes.swap_cluster import JOB, swap_runtime
 
 CLUSTER = "c-deploys"
 

@@ -89,12 +89,13 @@ def test_a_rolling_replacement_keeps_serving_through_the_cold_start() -> None:
 def test_keep_all_undoes_a_rolling_replacement_whose_launch_was_refused(tmp_path) -> None:
     """S6 scaled the old rank in, then the cloud refused the new rank: keep-all scales it back, so
     the job runs on the whole pool again, and a reset of the tick deploys the swap afresh."""
+    from fakes.swap_cluster import JOB, NEW, OLD, swap_runtime
+
     from infra.ledger import LedgerWorld
     from koi.pipeline import deploy, run_tick, run_ticks
     from koi.pipeline.messages import StageRef, TickOutcome
     from koi.pipeline.world import decode_checkpoint, encode_checkpoint, load_checkpoint, save_checkpoint
     from koi.store import session_scope
-    from tests.fakes.swap_cluster import JOB, NEW, OLD, swap_runtime
 
     rt = swap_runtime(f"sqlite:///{tmp_path / 'koi.db'}")
 
