@@ -35,7 +35,7 @@ Choices:
   own last window's observed risk, above τ) or leaves demand unserved also gets ladders that keep
   every running rank and add one on another pool's free instances
   (:func:`koi.planning.split.scale_out_ladders`). Without them its only repairs were rebuilds:
-  in place where its pool is full (dark for a cold start: on hetero-3h, seeds 0 and 2, a 70B RAG
+  in place where its pool is full (the share S6 releases first is dark for a cold start: on hetero-3h, seeds 0 and 2, a 70B RAG
   service slowed by the H100 driver update was charged a 32% gap for every repair, kept its
   breaching ladder for ten ticks and met its p99 TPOT on ~45% of requests meanwhile), or split
   ladders whose first rank must meet τ alone, which a slowed GPU's chains no longer do.
@@ -464,7 +464,7 @@ class CandidateGenerator:
         def ranks_of(i: int) -> tuple[RankSpec, ...]:
             return (row_spec(i),) if i < F else hetero[i - F]
 
-        if current:  # an in-place swap goes dark for its cold start (transition_gaps)
+        if current:  # an in-place swap's released share goes dark for its cold start (transition_gaps)
             touch = [i for i in range(F + H) if (rows_pid[i] in cur_pools if i < F else
                                                  any(r.pool_id in cur_pools for r in hetero[i - F]))]
             if touch:
