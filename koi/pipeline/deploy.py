@@ -211,9 +211,8 @@ def plan_ops(snapshot: ClusterSnapshot, plan: Plan, cluster_id: str, tick: int, 
                                 _key(cluster_id, tick, job_id, d.rank_id, "scale", epoch), n_replicas=held - k,
                                 prev_replicas=held, detail={"action": action, "release": "partial"}))
             last.append(teardown(job_id, d, action, drain_s, handover=True))
-        freed = instances_for(d.rank.config.gpus, held, p.gpus_per_instance) - instances_for(
-            d.rank.config.gpus, held - min(k, held), p.gpus_per_instance)
-        deficit[p.pool_id] = max(short - freed, 0)
+        g, per = d.rank.config.gpus, p.gpus_per_instance
+        deficit[p.pool_id] = max(short - (instances_for(g, held, per) - instances_for(g, held - k, per)), 0)
     return first + ups + last
 
 
