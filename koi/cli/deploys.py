@@ -14,7 +14,8 @@ from typing import Any
 
 import typer
 
-from koi.cli.output import emit, fail, open_store
+from koi.cli.output import emit, fail
+from koi.cli.store import open_store
 
 JSON = typer.Option(False, "--json", help="print one JSON document")
 

@@ -29,7 +29,7 @@ def _cluster(cluster: str | None) -> str:
 
 
 def _engine(url: str | None, *, required: bool):  # noqa: ANN202 - Engine | None
-    from koi.cli.output import open_store
+    from koi.cli.store import open_store
 
     return open_store(url, required=required, table="edge_beliefs")
 
