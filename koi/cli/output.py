@@ -70,4 +70,3 @@ def fail(message: str, code: int = 2) -> None:
 
     err_console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code)
-
