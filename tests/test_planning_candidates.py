@@ -181,7 +181,10 @@ def test_the_keep_option_carries_the_running_ladders_observed_risk() -> None:
     ctx.observed_risk = {"o": 0.6}
     seen = generate(snap, ctx)["o"].keep
     assert model.p_brk < 0.6 and seen.p_brk == pytest.approx(0.6)
-    assert seen.sigma == pytest.approx(model.sigma - ctx.knobs.gamma * (0.6 - model.p_brk))
+    # σ = J − γ·p_brk on both (J itself may move: a breaching ladder also gets scale-out ladders,
+    # which join the reference point)
+    assert model.sigma == pytest.approx(model.j - ctx.knobs.gamma * model.p_brk)
+    assert seen.sigma == pytest.approx(seen.j - ctx.knobs.gamma * 0.6)
     ctx.observed_risk = {"o": 0.0}  # a healthy window never lowers the model's risk
     assert generate(snap, ctx)["o"].keep.p_brk == pytest.approx(model.p_brk)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from koi.domain import Ladder, Rank
+from koi.domain import JobState, Ladder, Rank
 from koi.planning.candidates import generate
 from koi.planning.context import EnumerationParams, PlanningContext
 from koi.planning.predictor import FixedPredictor, FixedRow
@@ -199,3 +199,101 @@ def test_a_scale_out_rank_is_sized_to_the_share_and_capped_at_the_free_instances
     for share, want in ((1.5, [[("A100-80GB", 3), ("H100", 1)]]), (2.5, [[("A100-80GB", 3), ("H100", 1)]]),
                         (4.0, [])):
         assert [_ranks(c) for c in _scale_outs(snap, risk, scale_out_share=share)[0]] == want, share
+
+
+def test_a_scale_out_rank_below_half_the_target_is_offered_when_it_covers_the_shortfall():
+    """The running H100 replica carries 1,600 tok/s of 2,000 offered. Share 4 targets 6,400 tok/s more; the three
+    free A100 nodes carry 2,400 — under half the target, but more than the 400 tok/s the ladder lacks: offered
+    (the half-target floor alone left such a job on its short ladder)."""
+    snap = _scale_out_case(a100_total=3)
+    short = snap.model_copy(update={"jobs": [js.model_copy(update={"job": _big(rate=2000 / 256)}) for js in snap.jobs]})
+    added, jc = _scale_outs(short, {}, scale_out_share=4.0)
+    assert jc.keep.unserved > 0  # 400 of 2,000 tok/s
+    assert [("A100-80GB", 3), ("H100", 1)] in [_ranks(c) for c in added]
+
+
+def test_a_degraded_rank_is_grown_back_on_its_own_pool_when_its_instance_returns():
+    """Two H100 replicas planned, one lost (degraded, its instance gone); the instance is back (one free) and the
+    A100 rank beside it fills its pool. The ladder that grows the H100 rank back to two — S6's "recover" — is an
+    option: nothing goes dark, and SwitchCost pays for one replica, less than any rebuild."""
+    from koi.domain import DeploymentState
+
+    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=2), pool("aws", "p4de.24xlarge", "us-east-1", total=1)]
+    base = snapshot([_big(rate=3000 / 256)], pools)
+    h100, a100 = base.resources.pools
+    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=2),
+                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
+    snap = with_running(base, {"big": running})
+    deps = [d.model_copy(update={"state": DeploymentState.DEGRADED, "replicas_ready": 1})
+            if d.rank.env.gpu_type == "H100" else d for d in snap.deployments]
+    free = [p.model_copy(update={"free_instances": 1 if p.env.gpu_type == "H100" else 0}) for p in snap.resources.pools]
+    snap = snap.model_copy(update={"deployments": deps, "resources": snap.resources.model_copy(update={"pools": free})})
+    jc = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS)))["big"]
+    assert _ranks(jc.keep) == [("A100-80GB", 1), ("H100", 1)]  # what serves: the ready replica
+    assert jc.keep.unserved > 0  # 2,400 of 3,000 tok/s
+    grown = [c for c in jc.all_scored if _ranks(c) == [("A100-80GB", 1), ("H100", 2)]
+             and {r.key for r in c.ranks} == {r.key for r in jc.keep.ranks}]
+    assert grown, [_ranks(c) for c in jc.all_scored]
+    (g,) = grown
+    assert g.unserved == 0.0
+    rebuilds = [x for x in jc.all_scored if not {r.key for r in jc.keep.ranks} <= {r.key for r in x.ranks}]
+    assert rebuilds and all(g.switch < x.switch for x in rebuilds)
+    assert g.cand_id in {c.cand_id for c in jc.candidates}
+
+
+def test_a_breaching_job_in_a_full_fleet_gets_scale_outs_over_whole_pools_as_reservation_targets():
+    """Another job fills the A100 pool: no instance is free next to the breaching ladder. The scale-out over the
+    whole pool is still offered — the selector can hold it as a reservation ("keep now, swap next tick") while
+    the other job moves — and it needs the instances it would take from that job."""
+    snap = _scale_out_case()
+    a100 = snap.resources.pools[1]
+    other = online_job("other", MODEL, rate=600 / 256, ttft_ms=2000, tpot_ms=80)
+    full = with_running(snap.model_copy(update={"jobs": [*snap.jobs, JobState(job=other)]}), {
+        "other": Ladder(ranks=[Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=2)])})
+    assert [p.free_instances for p in full.resources.pools] == [0, 0]
+    added, jc = _scale_outs(full, {"big": 1.0})
+    beside = [c for c in added if _ranks(c) == [("A100-80GB", 1), ("H100", 1)]]
+    assert beside and beside[0].usage[a100.pool_id] == 1
+    assert _scale_outs(full, {})[0] == []  # not while the running ladder meets its SLO
+
+
+# ---- scale-in: an over-provisioned running ladder gives replicas back ---------------------------------
+def _over_provisioned(rate_tps: float):  # noqa: ANN202
+    """``big`` runs two H100 replicas (3,200 tok/s of SLO capacity) and two A100 replicas (1,600)."""
+    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=4), pool("aws", "p4de.24xlarge", "us-east-1", total=2)]
+    base = snapshot([_big(rate=rate_tps / 256)], pools)
+    h100, a100 = base.resources.pools
+    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=2),
+                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=2)])
+    return with_running(base, {"big": running})
+
+
+def test_an_over_provisioned_running_ladder_is_offered_scale_ins_to_the_n_min_and_headroom_points():
+    """1,200 tok/s offered against 4,800 held. At the n_min point (1,200) either rank can go (the other carries
+    it); at the headroom point (1,800) one H100 replica can. Each keeps the chains where they run: SwitchCost is
+    a drain (below any rebuild's), nothing goes dark, and it costs less per token than keeping."""
+    snap = _over_provisioned(1200)
+    jc = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS)))["big"]
+    keys = {r.key for r in jc.keep.ranks}
+    shrunk = {tuple(_ranks(c)): c for c in jc.all_scored if {r.key for r in c.ranks} <= keys}
+    assert set(shrunk) >= {(("A100-80GB", 2),), (("H100", 2),), (("A100-80GB", 2), ("H100", 1))}, list(shrunk)
+    rebuilds = [x for x in jc.all_scored if not {r.key for r in x.ranks} <= keys]
+    for c in shrunk.values():
+        assert c.unserved == 0.0 and c.y[0] < jc.keep.y[0]
+        assert rebuilds and all(c.switch < x.switch for x in rebuilds)
+    off = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS), enum=EnumerationParams(scale_in=False)))["big"]
+    assert not [c for c in off.all_scored if {r.key for r in c.ranks} <= keys and len(c.ranks) == 2]
+
+
+def test_no_scale_in_while_every_replica_is_needed_at_the_n_min_point():
+    """4,500 tok/s offered against 4,800 held: 300 spare, less than any replica carries — scale-in adds no
+    ladder (the split builder's own ladders are there either way)."""
+    snap = _over_provisioned(4500)
+
+    def ids(scale_in: bool) -> set[str]:
+        ctx = PlanningContext(predictor=FixedPredictor(ROWS), enum=EnumerationParams(scale_in=scale_in))
+        return {c.cand_id for c in generate(snap, ctx)["big"].all_scored}
+
+    assert ids(True) == ids(False)
+    assert ids(True) != {c.cand_id for c in generate(_over_provisioned(1200), PlanningContext(
+        predictor=FixedPredictor(ROWS)))["big"].all_scored}

@@ -111,7 +111,8 @@ class PredictTools:
             kind = OptionKind.KEEP if same else (OptionKind.SWAP if current else OptionKind.PLACE)
             cand = Candidate(job_id, kind, specs, y[0], j, p, sw, sigma, float(ev.unserved[0]),
                              float(ev.served_tps[0]), float(jc.demand_tps), float(ev.capacity_tps[0]),
-                             c3_ok=p <= k.tau or jc.late, late=jc.late, eig=eig, activation=act,
+                             c3_ok=p <= k.tau or jc.late, late=jc.late,
+                             repair=p > k.tau and jc.repair_below is not None and p < jc.repair_below, eig=eig, activation=act,
                              mechanism_id=self.ctx.exploration.best_mechanism(act),
                              cand_id=f"{job_id}#rlm:{specs_key(specs)}")
             return self._from_candidate(cand, ladder)
@@ -121,7 +122,7 @@ class PredictTools:
             job_id=c.job_id, ladder=ladder, y=c.values(), j=float(c.j), p_brk=float(c.p_brk), switch=float(c.switch),
             eig=float(c.eig), sigma=float(c.sigma), unserved=float(c.unserved), served_tps=float(c.served_tps),
             capacity_tps=float(c.capacity_tps), demand_tps=float(c.demand_tps), price_per_hour=float(c.hourly_price),
-            gpus=int(c.gpus), mechanism_id=c.mechanism_id, c3_ok=bool(c.c3_ok), candidate=c, activation=c.activation,
+            gpus=int(c.gpus), mechanism_id=c.mechanism_id, c3_ok=bool(c.admissible), candidate=c, activation=c.activation,
         )
 
     def predict(self, job_id: str, raw_ladder: list[dict[str, Any]]) -> dict[str, Any]:

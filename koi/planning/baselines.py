@@ -151,7 +151,7 @@ def _run(
 
 
 def _feasible(jc: JobCandidates) -> list[Candidate]:
-    return [c for c in jc.all_scored if c.c3_ok or c.late]
+    return [c for c in jc.all_scored if c.admissible]
 
 
 def _first_fit(jc: JobCandidates, ledger: _Ledger) -> Candidate | None:

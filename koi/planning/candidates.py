@@ -31,14 +31,28 @@ Choices:
   candidates compete on σ (their risk still costs γ·p_brk; the fast points of the deadline
   curve have the most margin). Otherwise such a job
   could never be admitted, which C6 forbids.
+- **Repairs.** C3 is a chance constraint on *new* ladders; the running ladder is kept whatever
+  its risk. When that ladder breaches (its p_brk at ε, or its own last window's observed risk,
+  above τ), a ladder whose p_brk is below the running one's is an option even above τ — a
+  *repair* — and competes on σ like any other (its risk costs γ·p_brk). Without the waiver the
+  filter kept the job on the riskier ladder: on homo-12h (Koi, seed 1) agent-235b lost one of
+  twelve replicas to a pool outage (observed risk 0.95); the ladder that added three replicas on
+  another pool's free instances scored p_brk 0.24 against τ = 0.2, was filtered out, and the
+  job kept its breaching ladder — "no alternative" — for 12 ticks. The validator (S5) waives C3
+  for the same ladders (``JobCandidates.repair_below``).
 - **Scale-out.** An active job whose running ladder breaches C3 (the model's p_brk at ε, or its
   own last window's observed risk, above τ) or leaves demand unserved also gets ladders that keep
-  every running rank and add one on another pool's free instances
+  every running rank and grow one of them or add one on another pool — on free instances, and on
+  whole pools as reservation targets for when the fleet is full
   (:func:`koi.planning.split.scale_out_ladders`). Without them its only repairs were rebuilds:
   in place where its pool is full (the share S6 releases first is dark for a cold start: on hetero-3h, seeds 0 and 2, a 70B RAG
   service slowed by the H100 driver update was charged a 32% gap for every repair, kept its
   breaching ladder for ten ticks and met its p99 TPOT on ~45% of requests meanwhile), or split
   ladders whose first rank must meet τ alone, which a slowed GPU's chains no longer do.
+- **Scale-in.** An active online job whose running ladder holds more SLO capacity than its demand
+  needs also gets that ladder with one rank shrunk to the n_min and headroom points
+  (:func:`koi.planning.split.scale_in_ladders`): the mirror of scale-out, so capacity a repair
+  added is given back when it is no longer worth its price (SwitchCost: a drain; no gap).
 - **Hardware classes.** A predictor that is not environment-sensitive predicts once per
   (GPU type, instance shape) and the result fans out over the pools of that class, which
   differ only in price; an environment-sensitive one is called per pool.
@@ -89,7 +103,7 @@ from koi.planning.enumeration import chain_configs
 from koi.planning.ladder_eval import evaluate_ladders, switch_costs
 from koi.planning.options import Candidate, JobCandidates, OptionKind, RankSpec
 from koi.planning.predictor import ChainEstimate
-from koi.planning.split import SplitRows, ladder_key, scale_out_ladders, split_ladders
+from koi.planning.split import SplitRows, ladder_key, scale_in_ladders, scale_out_ladders, split_ladders
 from koi.planning.transition import transition_gaps
 from koi.scoring.exploration import EMPTY, Activation
 from koi.scoring.tchebycheff import reference_point, tchebycheff
@@ -418,8 +432,21 @@ class CandidateGenerator:
                        if ladder_key(h) not in seen_keys]
         if current and keep_eval is not None and ctx.enum.scale_out_share > 0 and self._breaching(js, keep_eval):
             seen_keys = {ladder_key(h) for h in hetero}
-            hetero += [h for h in scale_out_ladders(rows, ctx, current, weights=weights, online=online,
-                                                    share=ctx.enum.scale_out_share)
+            for whole in (False, True):  # free instances first; then whole pools, for a reservation
+                for h in scale_out_ladders(rows, ctx, current, weights=weights, online=online,
+                                           share=ctx.enum.scale_out_share, demand_tps=demand_tps(js, now, tick_s),
+                                           pools=self.pools.by_id, whole_pools=whole):
+                    if ladder_key(h) not in seen_keys:
+                        seen_keys.add(ladder_key(h))
+                        hetero.append(h)
+        if current and online and ctx.enum.scale_in:
+            seen_keys = {ladder_key(h) for h in hetero}
+            if len(current) == 1:  # a single-pool row of the running chain may already be the same ladder
+                cur_cfgs1 = {r.config for r in current}
+                seen_keys |= {ladder_key((row_spec(f),)) for f in range(F)
+                              if rows_pid[f] == current[0].pool_id and protos[rows_p[f]].config in cur_cfgs1}
+            hetero += [h for h in scale_in_ladders(current, demand_tps=demand_tps(js, now, tick_s),
+                                                   headroom=ctx.enum.scale_out_share)
                        if ladder_key(h) not in seen_keys]
         if hetero:
             hev = evaluate_ladders(js, hetero, ctx, now, np.array([max(r.cold_s for r in h) for h in hetero]))
@@ -499,10 +526,21 @@ class CandidateGenerator:
         c3 = (all_p <= knobs.tau) & ~same & fits
         late = bool(not c3.any() and (~same & fits).any() and not online)
         eligible = (~same & fits) if late else c3
+        # ... and repairs: a running ladder that breaches C3 may be left for any ladder that breaches
+        # less (module docstring, "Repairs")
+        repair_below = None
+        repairs = np.zeros(F + H, dtype=bool)
+        if current and keep_eval is not None and not late:
+            kp0 = self._keep_risk(js, float(keep_eval.p_brk[0]))
+            if kp0 > knobs.tau:
+                repair_below = kp0
+                repairs = (all_p > knobs.tau) & (all_p < kp0) & ~same & fits
+                eligible = eligible | repairs
         kept_idx = self._prune_idx(np.flatnonzero(eligible), rows_pid, F, hetero, inst, sigma)
         kept = [make(i) for i in kept_idx]
-        for c in kept:
+        for c, i in zip(kept, kept_idx, strict=True):
             c.late = late
+            c.repair = bool(repairs[i])
 
         keep_c = None
         if current and keep_eval is not None:
@@ -542,6 +580,7 @@ class CandidateGenerator:
             for i in np.flatnonzero(~same & fits):
                 c = make(int(i))
                 c.late = late
+                c.repair = bool(repairs[i])
                 c.cand_id = f"{job.job_id}#{c.kind.value}:{ladder_key(c.ranks)}"
                 out.append(c)
             return out
@@ -559,7 +598,7 @@ class CandidateGenerator:
         return JobCandidates(
             state=js, slice=slice_, demand_tps=dem, candidates=kept, keep=keep_c, defer=defer_c, reference=ref,
             n_chains=n_chains, n_feasible=P, n_c3_dropped=int(((all_p > knobs.tau) & ~same).sum()),
-            infeasible_reasons=reasons, late=late, scored_builder=build_all,
+            infeasible_reasons=reasons, late=late, repair_below=repair_below, scored_builder=build_all,
         )
 
     def _breaching(self, js: JobState, keep_eval) -> bool:  # noqa: ANN001

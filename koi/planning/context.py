@@ -57,6 +57,8 @@ class EnumerationParams(KoiModel):
     scale_out_share: float = Field(default=0.5, ge=0,
                                    description="capacity a scale-out rank adds to a breaching running ladder, "
                                                "as a share of that ladder's (0: no scale-out ladders)")
+    scale_in: bool = Field(default=True, description="offer a running online ladder with a rank shrunk to the "
+                                                     "n_min and headroom points when it holds more (split.scale_in_ladders)")
 
 
 @dataclass

@@ -106,12 +106,18 @@ class Candidate:
     capacity_tps: float
     c3_ok: bool = True
     late: bool = False
+    repair: bool = False  # C3 waived: lowers the breach risk of a running ladder that breaches (candidates)
     eig: float = 0.0
     activation: Activation = EMPTY
     mechanism_id: str | None = None
     cand_id: str = ""
     reserves: Candidate | None = None  # a defer that holds capacity for this ladder at the end of the tick
     _ladder: Ladder | None = field(default=None, repr=False)
+
+    @property
+    def admissible(self) -> bool:
+        """Passes C3, or C3 is waived for it: a late batch job's ladder, or a repair of a breaching one."""
+        return self.c3_ok or self.late or self.repair
 
     @property
     def usage(self) -> dict[str, int]:
@@ -164,6 +170,8 @@ class JobCandidates:
     n_c3_dropped: int = 0
     infeasible_reasons: list[str] = field(default_factory=list)
     late: bool = False
+    #: the running ladder's breach risk when it is above τ: a ladder below it is a repair (candidates)
+    repair_below: float | None = None
     scored_builder: Callable[[], list[Candidate]] | None = field(default=None, repr=False)
     _all: list[Candidate] | None = field(default=None, repr=False)
 

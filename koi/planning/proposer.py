@@ -119,7 +119,9 @@ def action_for(snapshot: ClusterSnapshot, jc: JobCandidates, c: Candidate, book:
     if c.kind in (OptionKind.PLACE, OptionKind.SWAP):
         why = (f"σ={c.sigma:.3f} (J={c.j:.3f}, p_brk={c.p_brk:.3f}, switch={c.switch:.3f}), EIG={c.eig:.3f}; "
                f"{_describe(c.ranks)}; best feasible of {n_opts} candidates under shared capacity"
-               + ("; late: no ladder meets the deadline" if c.late else ""))
+               + ("; late: no ladder meets the deadline" if c.late else "")
+               + (f"; repair: breaches τ less than the running ladder (p_brk {jc.repair_below:.3f})"
+                  if c.repair and jc.repair_below is not None else ""))
         if c.kind is OptionKind.SWAP and jc.keep is not None:
             why += f"; beats keeping (σ_keep={jc.keep.sigma:.3f}, unserved {jc.keep.unserved:.0%})"
         return Action(

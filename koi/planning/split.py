@@ -5,8 +5,8 @@ A job whose best pool is short gets ladders that fill that pool and put the rema
 pools' chains. Two passes: over the *free* instances (plus, for an active job, the ones its
 running ladder holds), and — for a pending job only — over *whole* pools, the reservation targets
 for a job no single pool can carry in a full fleet (:func:`split_ladders`). An active job whose
-running ladder breaches also gets *scale-out* ladders: that ladder unchanged plus one rank on
-another pool's free instances (:func:`scale_out_ladders`).
+running ladder breaches also gets *scale-out* ladders: that ladder with one rank grown or one rank
+added, on free instances and — as reservation targets — on whole pools (:func:`scale_out_ladders`).
 """
 
 from __future__ import annotations
@@ -204,53 +204,137 @@ def split_ladders(rows: SplitRows, ctx: PlanningContext, pools: Mapping[str, Poo
 
 
 def scale_out_ladders(rows: SplitRows, ctx: PlanningContext, current: Sequence[RankSpec], *,
-                      weights: np.ndarray, online: bool, share: float) -> list[tuple[RankSpec, ...]]:
-    """The running ladder unchanged plus one rank on another pool's free instances (module docstring).
+                      weights: np.ndarray, online: bool, share: float, demand_tps: float = 0.0,
+                      pools: Mapping[str, Pool] | None = None, whole_pools: bool = False,
+                      ) -> list[tuple[RankSpec, ...]]:
+    """The running ladder plus capacity next to it: one rank grown on its own pool's free instances,
+    or one new rank on another pool's (module docstring).
 
     Why: a running ladder that breaches (an engine update slowed its GPU; the model has not caught
-    up) is repaired by the planner's other ladders only by rebuilding it, and where its own pool is
-    full that rebuild is in place — the job goes dark for a cold start (:mod:`koi.planning.transition`)
-    — while split ladders need a first rank that meets τ on its own. An operator adds capacity
-    next to what runs. These ladders do: the running ranks keep serving (no gap; SwitchCost pays
-    only for the added rank), and the new rank takes its share of the traffic once warm.
+    up; a replica was lost) is repaired by the planner's other ladders only by rebuilding it, and
+    where its own pool is full that rebuild is in place — the job goes dark for a cold start
+    (:mod:`koi.planning.transition`) — while split ladders need a first rank that meets τ on its
+    own. An operator adds capacity next to what runs. These ladders do: the running ranks keep
+    serving (no gap; SwitchCost pays only for the replicas added), and the new ones take their
+    share of the traffic once warm.
 
-    Sizing: the added rank carries ``share`` × the running ladder's capacity (per-replica SLO
+    Sizing: the added capacity targets ``share`` × the running ladder's capacity (per-replica SLO
     capacity for online jobs, saturation throughput for batch), the headroom step of online sizing
-    (n_min + ⌊n_min/2⌋), as many replicas of the pool's best chain as that takes, capped at the
-    pool's free instances; a rank that would carry less than half of it is not offered. One ladder
-    per other pool, its best-scoring chain; the ``hetero_top`` best by that score (ties: pool id).
-    Only while the running ladder has fewer than ``max_ranks`` ranks.
+    (n_min + ⌊n_min/2⌋), capped at the pool's free instances. Two kinds:
+
+    - **grow**: a running rank with more replicas of its own chain where its pool has free
+      instances (a degraded rank's lost replicas are free again once its pool has them back: growing
+      it to its planned size is S6's "recover"). One ladder per running rank.
+    - **add**: one new rank on another pool, that pool's best-scoring chain whose replicas clear the
+      floor below (the next chain when the best one's replicas are too big for the free
+      instances). The ``hetero_top`` best pools by that score (ties: pool id), while the running
+      ladder has fewer than ``max_ranks`` ranks.
+
+    ``whole_pools``: the room is a pool's whole size (less what this job holds there), not its free
+    instances — the targets of a reservation ("keep now, swap next tick", :mod:`koi.planning.selector`)
+    when the pools next to the running ladder are full: another job must move first, and only the
+    selector sees which can. Without them a breaching job in a full fleet had no option at all (on
+    homo-12h, Koi, seed 1: agent-235b at eleven of twelve TP8 replicas after a spot reclaim met 85% of
+    its requests for 40 ticks, every 8-GPU pool full).
+
+    The floor: what is added must carry half the target, or — when the running ladder's capacity
+    is short of the demand — at least that shortfall. Choice: the half-target floor alone kept
+    small, sufficient repairs out: on homo-12h (Koi, seed 1) agent-235b lost one of its twelve
+    TP8 replicas to a pool outage; three free instances in another pool would have covered the
+    1.2k tok/s it lacked but carried less than half of the 7.3k target, so the job had no option
+    but its breaching ladder for 23 ticks (it met 67–95% of its requests; the lost replica's
+    instance came back after 12 ticks and another job took it). Candidates that clear the floor
+    but not C3 are dropped by the generator as any other.
     """
     e = ctx.enum
     F = len(rows.proto_of)
-    if not current or F == 0 or share <= 0 or len(current) >= e.max_ranks or e.hetero_top <= 0:
+    if not current or share <= 0 or e.hetero_top <= 0:
         return []
     cap = sum(r.n * (r.est.cap_tps if online else r.est.sat_tps) for r in current)
     extra = share * cap
     if extra <= 0:
         return []
+    short = demand_tps - cap
+    floor = min(0.5 * extra, short) if short > 0 else 0.5 * extra
+
+    def replicas(rate: float, gpus: int, gpi: int, free: int, base: int = 0) -> int:
+        """Replicas to add (up to the target) whose instances beyond ``base`` replicas fit in ``free``."""
+        n = math.ceil(extra / rate - 1e-9)
+        held = instances_for(gpus, base, gpi) if base else 0
+        while n > 0 and instances_for(gpus, base + n, gpi) - held > free:
+            n -= 1
+        return n if n > 0 and n * rate >= floor else 0
+
+    own: dict[str, int] = {}
+    for r in current:
+        own[r.pool_id] = own.get(r.pool_id, 0) + r.instances
+
+    def room(pool: Pool, pid: str) -> int:
+        return pool.total_instances - own.get(pid, 0) if whole_pools else pool.free_instances
+
+    out: list[tuple[RankSpec, ...]] = []
+    for i, r in enumerate(current):  # grow
+        pool = (pools or {}).get(r.pool_id)
+        rate = r.est.cap_tps if online else r.est.sat_tps
+        if pool is None or room(pool, r.pool_id) <= 0 or rate <= 0:
+            continue
+        k = replicas(rate, r.config.gpus, r.gpus_per_instance, room(pool, r.pool_id), base=r.n)
+        if k:
+            out.append((*current[:i], r.with_n(r.n + k), *current[i + 1:]))
+    if F == 0 or len(current) >= e.max_ranks:
+        return out
     score = row_scores(rows, ctx, weights)
     busy = {r.pool_id for r in current}
-    best: dict[str, int] = {}  # pool -> its best row (score, then enumeration order)
+    by_pool: dict[str, list[int]] = {}
     for f in range(F):
         pid = rows.pid[f]
-        if pid in busy or rows.pool[f].free_instances <= 0:
+        if pid in busy or room(rows.pool[f], pid) <= 0:
             continue
         pk = rows.protos[rows.proto_of[f]]
-        if (pk.est.cap_tps if online else pk.est.sat_tps) <= 0:
+        if (pk.est.cap_tps if online else pk.est.sat_tps) > 0:
+            by_pool.setdefault(pid, []).append(f)
+    added: list[tuple[float, str, tuple[RankSpec, ...]]] = []
+    for pid, fs in by_pool.items():
+        for f in sorted(fs, key=lambda f: (-score[f], f)):  # the pool's best chain that clears the floor
+            pool, pk = rows.pool[f], rows.protos[rows.proto_of[f]]
+            n = replicas(pk.est.cap_tps if online else pk.est.sat_tps, pk.config.gpus, pool.gpus_per_instance,
+                         room(pool, pid))
+            if n:
+                added.append((float(score[f]), pid, (*current, rows.spec(f).with_n(n))))
+                break
+    added.sort(key=lambda t: (-t[0], t[1]))
+    return out + [lad for _, _, lad in added[:e.hetero_top]]
+
+
+def scale_in_ladders(current: Sequence[RankSpec], *, demand_tps: float, headroom: float) -> list[tuple[RankSpec, ...]]:
+    """The running online ladder with one rank shrunk: the mirror of :func:`scale_out_ladders`.
+
+    Why: capacity added next to a running ladder (a scale-out, a grown rank) stayed until a full
+    rebuild, which pays a cold start and, in a full pool, a gap; so a repair bought for a transient
+    breach was held for the rest of the run. On hetero-3h (Koi, seed 0) the scale-out and repair
+    options alone added 6–12% GPU-ticks for 0.2% more SLO tokens. A scale-in keeps every chain where
+    it runs and gives replicas back: SwitchCost is a drain, there is no gap, and S6 scales the rank in.
+
+    Sizing: per rank, the fewest replicas that keep the ladder's SLO capacity (per-replica capacity
+    under the p99 targets and the 0.8 utilisation cap, as online sizing) at the demand — the n_min
+    point — and at demand × (1 + ``headroom``), the headroom point; a rank of a multi-rank ladder
+    may go entirely. Nothing when every replica is needed at the n_min point.
+    The selector takes one when the cost it saves outweighs the risk it adds (J, γ·p_brk), and C3
+    drops one that would breach.
+    """
+    rates = [r.est.cap_tps for r in current]
+    total = sum(r.n * x for r, x in zip(current, rates, strict=True))
+    out: dict[str, tuple[RankSpec, ...]] = {}
+    for target in (demand_tps, demand_tps * (1.0 + headroom)):
+        spare = total - target
+        if demand_tps <= 0 or spare <= 0:
             continue
-        b = best.get(pid)
-        if b is None or score[f] > score[b] + 1e-12:
-            best[pid] = f
-    out: list[tuple[float, str, tuple[RankSpec, ...]]] = []
-    for pid, f in best.items():
-        pool, pk = rows.pool[f], rows.protos[rows.proto_of[f]]
-        rate = pk.est.cap_tps if online else pk.est.sat_tps
-        n = math.ceil(extra / rate - 1e-9)
-        while n > 0 and instances_for(pk.config.gpus, n, pool.gpus_per_instance) > pool.free_instances:
-            n -= 1
-        if n <= 0 or n * rate < 0.5 * extra:
-            continue
-        out.append((float(score[f]), pid, (*current, rows.spec(f).with_n(n))))
-    out.sort(key=lambda t: (-t[0], t[1]))
-    return [lad for _, _, lad in out[:e.hetero_top]]
+        for i, (r, rate) in enumerate(zip(current, rates, strict=True)):
+            if rate <= 0:
+                continue
+            k = min(int(spare // rate), r.n if len(current) > 1 else r.n - 1)
+            if k <= 0:
+                continue
+            lad = (*current[:i], *((r.with_n(r.n - k),) if k < r.n else ()), *current[i + 1:])
+            out.setdefault(ladder_key(lad), lad)
+    return [out[k] for k in sorted(out)]

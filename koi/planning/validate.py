@@ -19,7 +19,8 @@ constraint, the job and the numbers):
   only the difference; terminate and preempt release at once). A running rank counts
   with the instances it holds: a degraded one only its ready replicas'.
 - **C3 SLO risk.** p_brk ≤ τ for every new ladder (waived for a batch job whose deadline
-  no candidate can meet: a *late* job, see :mod:`koi.planning.candidates`).
+  no candidate can meet: a *late* job; and for a *repair*, a ladder that breaches less than the
+  running ladder it replaces when that one is above τ; see :mod:`koi.planning.candidates`).
 - **C4 swap budget.** Active jobs whose ladder changes (swap, retry, preempt; a "swap" to
   the same ladder is not a change) ≤ B_t.
 - **C5 quotas and priorities.** The budget book is consistent; every new ladder stays
@@ -309,7 +310,10 @@ class _Checker:
             # a scored candidate's own C3 flag: its p_brk may carry the causal widening, which ranks
             # but does not gate (candidates, "Causal risk"); without the widening c3_ok is p ≤ τ
             breach = (not m.c3_ok) if m is not None else p > self.ctx.knobs.tau
-            if breach and not (m.late if m is not None else self.candidates(a.job_id).late):
+            jc = self.candidates(a.job_id)
+            waived = (m.late or m.repair) if m is not None else \
+                (jc.late or (jc.repair_below is not None and p < jc.repair_below))
+            if breach and not waived:
                 prior.append(_diag(Constraint.C3, a.job_id,
                                    f"breach probability {p:.3f} exceeds τ = {self.ctx.knobs.tau}",
                                    p_brk=p, tau=self.ctx.knobs.tau))
@@ -408,7 +412,7 @@ class _Checker:
 
     def admissible(self, jid: str) -> list[Candidate]:
         jc = self.candidates(jid)
-        return [c for c in jc.all_scored if c.c3_ok or c.late]
+        return [c for c in jc.all_scored if c.admissible]
 
     def c6(self, acts: Mapping[str, Action], skip: set[str]) -> list[Diagnostic]:
         out = []

@@ -147,7 +147,7 @@ class ThompsonBandit(PolicyProposer):
         """The job's options per arm: single-rank ladders that pass C3 (or a late job's), best σ first."""
         out: dict[Arm, list[Candidate]] = defaultdict(list)
         for c in jc.all_scored:
-            if len(c.ranks) != 1 or not (c.c3_ok or c.late):
+            if len(c.ranks) != 1 or not c.admissible:
                 continue
             out[arm_of(c.ranks[0])].append(c)
         for cs in out.values():

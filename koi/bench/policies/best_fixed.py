@@ -99,7 +99,7 @@ class BestFixed(PolicyProposer):
         jc = gen.for_job(fresh, None)
         single = [c for c in jc.candidates if len(c.ranks) == 1]
         if not single:
-            single = [c for c in jc.all_scored if len(c.ranks) == 1 and (c.c3_ok or c.late)]
+            single = [c for c in jc.all_scored if len(c.ranks) == 1 and c.admissible]
         if not single:
             return None
         best = max(single, key=lambda c: (c.sigma, c.cand_id))
