@@ -65,15 +65,20 @@ def test_split_ladder_ranks_carry_the_share_the_planner_assumed():
                                                for r in split.ladder().ranks]).key
 
 
+def _two_ranks(rate_tps: float, h100: tuple[int, int], a100: tuple[int, int]):  # noqa: ANN202
+    """``big`` at ``rate_tps`` running on an H100 and an A100 rank: (replicas, pool size) of each."""
+    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=h100[1]), pool("aws", "p4de.24xlarge", "us-east-1", total=a100[1])]
+    base = snapshot([_big(rate=rate_tps / 256)], pools)
+    hp, ap = base.resources.pools
+    running = Ladder(ranks=[Rank(env=hp.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=h100[0]),
+                            Rank(env=ap.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=a100[0])])
+    return with_running(base, {"big": running})
+
+
 def test_a_split_ladder_that_lost_a_node_can_be_rebuilt_on_its_own_nodes_plus_a_returned_one():
     """The running ladder holds one H100 node (the other was reclaimed and has returned: free) and
     one A100 node. Rebuilding the full ladder needs the instances it holds plus the free one."""
-    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=2), pool("aws", "p4de.24xlarge", "us-east-1", total=1)]
-    base = snapshot([_big(rate=3600 / 256)], pools)
-    h100, a100 = base.resources.pools
-    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=1),
-                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
-    snap = with_running(base, {"big": running})
+    snap = _two_ranks(3600, h100=(1, 2), a100=(1, 1))
     assert [p.free_instances for p in snap.resources.pools] == [1, 0]
     jc = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS)))["big"]
     assert [("A100-80GB", 1), ("H100", 2)] in [_ranks(c) for c in jc.candidates]
@@ -218,12 +223,7 @@ def test_a_degraded_rank_is_grown_back_on_its_own_pool_when_its_instance_returns
     option: nothing goes dark, and SwitchCost pays for one replica, less than any rebuild."""
     from koi.domain import DeploymentState
 
-    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=2), pool("aws", "p4de.24xlarge", "us-east-1", total=1)]
-    base = snapshot([_big(rate=3000 / 256)], pools)
-    h100, a100 = base.resources.pools
-    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=2),
-                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=1)])
-    snap = with_running(base, {"big": running})
+    snap = _two_ranks(3000, h100=(2, 2), a100=(1, 1))
     deps = [d.model_copy(update={"state": DeploymentState.DEGRADED, "replicas_ready": 1})
             if d.rank.env.gpu_type == "H100" else d for d in snap.deployments]
     free = [p.model_copy(update={"free_instances": 1 if p.env.gpu_type == "H100" else 0}) for p in snap.resources.pools]
@@ -260,12 +260,7 @@ def test_a_breaching_job_in_a_full_fleet_gets_scale_outs_over_whole_pools_as_res
 # ---- scale-in: an over-provisioned running ladder gives replicas back ---------------------------------
 def _over_provisioned(rate_tps: float):  # noqa: ANN202
     """``big`` runs two H100 replicas (3,200 tok/s of SLO capacity) and two A100 replicas (1,600)."""
-    pools = [pool("aws", "p5.48xlarge", "us-east-1", total=4), pool("aws", "p4de.24xlarge", "us-east-1", total=2)]
-    base = snapshot([_big(rate=rate_tps / 256)], pools)
-    h100, a100 = base.resources.pools
-    running = Ladder(ranks=[Rank(env=h100.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=2),
-                            Rank(env=a100.env, config={"instance_type": "p4de.24xlarge", "tp": 8}, n_replicas=2)])
-    return with_running(base, {"big": running})
+    return _two_ranks(rate_tps, h100=(2, 4), a100=(2, 2))
 
 
 def test_an_over_provisioned_running_ladder_is_offered_scale_ins_to_the_n_min_and_headroom_points():
