@@ -418,6 +418,8 @@ class CandidateGenerator:
             p = protos[rows_p[f]]
             return self._spec(rows_pool[f], p.config, p.est, p.n, model)
 
+        dem = demand_tps(js, now, tick_s)
+
         # 3. split ladders across pools when the best pools are short
         lam = job.workload.arrival.rate_rps if online else 0.0
         own: dict[str, int] = defaultdict(int)  # an active job's split ladders may reuse its own instances
@@ -434,7 +436,7 @@ class CandidateGenerator:
             seen_keys = {ladder_key(h) for h in hetero}
             for whole in (False, True):  # free instances first; then whole pools, for a reservation
                 for h in scale_out_ladders(rows, ctx, current, weights=weights, online=online,
-                                           share=ctx.enum.scale_out_share, demand_tps=demand_tps(js, now, tick_s),
+                                           share=ctx.enum.scale_out_share, demand_tps=dem,
                                            pools=self.pools.by_id, whole_pools=whole):
                     if ladder_key(h) not in seen_keys:
                         seen_keys.add(ladder_key(h))
@@ -445,7 +447,7 @@ class CandidateGenerator:
                 cur_cfgs1 = {r.config for r in current}
                 seen_keys |= {ladder_key((row_spec(f),)) for f in range(F)
                               if rows_pid[f] == current[0].pool_id and protos[rows_p[f]].config in cur_cfgs1}
-            hetero += [h for h in scale_in_ladders(current, demand_tps=demand_tps(js, now, tick_s),
+            hetero += [h for h in scale_in_ladders(current, demand_tps=dem,
                                                    headroom=ctx.enum.scale_out_share)
                        if ladder_key(h) not in seen_keys]
         if hetero:
@@ -483,7 +485,6 @@ class CandidateGenerator:
             if H:
                 sw[F:] = switch_costs(current, hetero, hev.p_brk, ctx)
         sigma = j_all - knobs.gamma * all_p - knobs.lam * sw
-        dem = demand_tps(js, now, tick_s)
         all_unserved = np.concatenate([unserved, hev.unserved]) if H else unserved
         all_served = np.concatenate([served, hev.served_tps]) if H else served
         all_cap = np.concatenate([capacity, hev.capacity_tps]) if H else capacity
