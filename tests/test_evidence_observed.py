@@ -1,5 +1,5 @@
 """The running ladder's observed risk: the share of its last window's samples past the SLO, 1 when
-its queue is growing; the keep option carries at least that risk."""
+its queue is growing; the keep option carries at least that risk; a job weighs its ranks by the traffic they carry."""
 
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ def job(job_id: str = "chat", job_class: str = "online") -> Job:
 
 
 def served(ttft: list[float], tpot: list[float], *, queue: float = 0.0, batch: float = 8.0,
-           j: Job | None = None) -> Served:  # fmt: skip
+           j: Job | None = None, tps: float = 1000.0) -> Served:  # fmt: skip
     j = j or job()
     n = len(ttft)
     w = TelemetryWindow(cluster_id="c", tick=3, job_id=j.job_id, rank_id=f"{j.job_id}/r", env_id=ENV.env_id,
                         t_start=0.0, t_end=300.0, times=[float(10 * (i + 1)) for i in range(n)],
                         series={"p99_ttft_ms": ttft, "p99_tpot_ms": tpot, "queue_depth": [queue] * n,
-                                "live_batch_size": [batch] * n})  # fmt: skip
+                                "live_batch_size": [batch] * n,
+                                "throughput_tokens_per_sec": [tps] * n})  # fmt: skip
     d = Deployment(job_id=j.job_id, rank=RANK, state=DeploymentState.SERVING, replicas_ready=2)
     return Served(window=w, deployment=d, job=JobState(job=j, status="active"), replicas=2)
 
@@ -51,8 +52,29 @@ def test_an_overloaded_rank_is_certain_to_breach(queue, batch):
     assert rank_risk(served([400.0] * 10, [30.0] * 10, queue=queue, batch=batch)) == 1.0
 
 
-def test_a_job_takes_its_worst_rank_and_batch_jobs_are_left_out():
-    good = served([400.0] * 10, [30.0] * 10)
-    bad = served([2000.0] * 5 + [400.0] * 5, [30.0] * 10)
+def test_a_job_weighs_its_ranks_by_the_traffic_they_carry_and_batch_jobs_are_left_out():
+    good = served([400.0] * 10, [30.0] * 10, tps=900.0)
+    bad = served([2000.0] * 5 + [400.0] * 5, [30.0] * 10, tps=100.0)  # its own p99 past target half the time
     batch = served([9e9] * 10, [9e9] * 10, j=job("b", "batch"))
-    assert observed_risk([good, bad, batch]) == {"chat": pytest.approx(0.5)}
+    # a small rank past its p99 moves the job's risk by its share of the traffic, not to its own risk
+    assert observed_risk([good, bad, batch]) == {"chat": pytest.approx(0.1 * 0.5)}
+    big_bad = served([2000.0] * 5 + [400.0] * 5, [30.0] * 10, tps=900.0)
+    small_good = served([400.0] * 10, [30.0] * 10, tps=100.0)
+    assert observed_risk([small_good, big_bad]) == {"chat": pytest.approx(0.9 * 0.5)}
+    # one rank: the job's risk is the rank's
+    assert observed_risk([bad]) == {"chat": pytest.approx(0.5)}
+
+
+def test_an_overloaded_rank_with_a_share_of_the_traffic_breaches_the_job_alone():
+    good = served([400.0] * 10, [30.0] * 10, tps=950.0)
+    hot = served([400.0] * 10, [30.0] * 10, queue=20.0, batch=30.0, tps=50.0)  # 5% of the traffic, queue growing
+    assert observed_risk([good, hot]) == {"chat": 1.0}
+    # below 1% of the traffic its queue cannot put the job past its p99: weighted like any rank
+    trickle = served([400.0] * 10, [30.0] * 10, queue=20.0, batch=30.0, tps=5.0)
+    assert observed_risk([good, trickle]) == {"chat": pytest.approx(5.0 / 955.0)}
+
+
+def test_ranks_without_traffic_weigh_equally():
+    idle_good = served([400.0] * 10, [30.0] * 10, tps=0.0)
+    idle_bad = served([2000.0] * 10, [30.0] * 10, tps=0.0)
+    assert observed_risk([idle_good, idle_bad]) == {"chat": pytest.approx(0.5)}
