@@ -24,7 +24,7 @@ def job(job_id: str = "chat", job_class: str = "online") -> Job:
 
 
 def served(ttft: list[float], tpot: list[float], *, queue: float = 0.0, batch: float = 8.0,
-           j: Job | None = None, tps: float = 1000.0) -> Served:  # fmt: skip
+           j: Job | None = None, tps: float = 1000.0, route_weight: float | None = None) -> Served:  # fmt: skip
     j = j or job()
     n = len(ttft)
     w = TelemetryWindow(cluster_id="c", tick=3, job_id=j.job_id, rank_id=f"{j.job_id}/r", env_id=ENV.env_id,
@@ -32,7 +32,8 @@ def served(ttft: list[float], tpot: list[float], *, queue: float = 0.0, batch: f
                         series={"p99_ttft_ms": ttft, "p99_tpot_ms": tpot, "queue_depth": [queue] * n,
                                 "live_batch_size": [batch] * n,
                                 "throughput_tokens_per_sec": [tps] * n})  # fmt: skip
-    d = Deployment(job_id=j.job_id, rank=RANK, state=DeploymentState.SERVING, replicas_ready=2)
+    rank = RANK.model_copy(update={"route_weight": route_weight})
+    d = Deployment(job_id=j.job_id, rank=rank, state=DeploymentState.SERVING, replicas_ready=2)
     return Served(window=w, deployment=d, job=JobState(job=j, status="active"), replicas=2)
 
 
@@ -78,3 +79,16 @@ def test_ranks_without_traffic_weigh_equally():
     idle_good = served([400.0] * 10, [30.0] * 10, tps=0.0)
     idle_bad = served([2000.0] * 10, [30.0] * 10, tps=0.0)
     assert observed_risk([idle_good, idle_bad]) == {"chat": pytest.approx(0.5)}
+
+
+def test_the_gateway_split_weighs_the_ranks_when_every_rank_carries_a_route_weight():
+    # the gateway sends a quarter of the requests to the breaching rank, whatever it managed to serve
+    good = served([400.0] * 10, [30.0] * 10, tps=990.0, route_weight=3.0)
+    bad = served([2000.0] * 5 + [400.0] * 5, [30.0] * 10, tps=10.0, route_weight=1.0)
+    assert observed_risk([good, bad]) == {"chat": pytest.approx(0.25 * 0.5)}
+    # a stalled rank (it serves nothing, its queue growing) keeps its share, so it still decides alone
+    stalled = served([9000.0] * 10, [30.0] * 10, queue=20.0, batch=30.0, tps=0.0, route_weight=1.0)
+    assert observed_risk([good, stalled]) == {"chat": 1.0}
+    # one rank without a route weight: the gateway's split is unknown, the throughput served weighs
+    unweighted = served([2000.0] * 5 + [400.0] * 5, [30.0] * 10, tps=10.0)
+    assert observed_risk([good, unweighted]) == {"chat": pytest.approx(0.01 * 0.5)}

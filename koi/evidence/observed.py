@@ -14,10 +14,13 @@ of the residual history — and 1 for a rank whose window is overloaded (its que
 ranks count (serving through the whole window and the one before:
 :func:`koi.evidence.perfdb.served_windows`), so launch transients do not.
 
-**P̂_obs of a job** is its ranks' P̂_obs weighted by the traffic each carries (its output
-throughput over the window): the chance that a request lands on a rank whose p99 is past the
-target. The planner keeps max(p_model, P̂_obs) for the keep option (:mod:`koi.planning.candidates`).
-Choices:
+**P̂_obs of a job** is its ranks' P̂_obs weighted by the share of the job's requests each is sent
+(the gateway's split: route weight × ready replicas, when every rank carries a route weight; else
+its share of the output throughput served in the window): the chance that a request lands on a rank
+whose p99 is past the target. The gateway's split rather than the throughput served, where it is
+known, because a stalled rank serves nothing while its requests still arrive: weighed by what it
+served, it would vanish from its job's risk exactly when it is worst. The planner keeps
+max(p_model, P̂_obs) for the keep option (:mod:`koi.planning.candidates`). Choices:
 
 - *Weighted, not the worst rank.* A rank's p99 over target means over 1% of *its* requests miss;
   a rank carrying a share w of the job's traffic moves the job's miss share by w times that, so a
@@ -61,23 +64,36 @@ def rank_risk(s: Served) -> float:
     return float(breach.mean()) if breach is not None and len(breach) else 0.0
 
 
+def _shares(offered: list[float | None], served_tps: list[float]) -> np.ndarray:
+    """Each rank's share of the job's requests: the gateway's split when every rank carries a route
+    weight (the share it is *sent*, so a stalled rank keeps its share), else its share of the output
+    throughput served in the window; equal shares when neither says anything."""
+    n = len(served_tps)
+    if all(o is not None for o in offered) and sum(offered) > 0:  # type: ignore[arg-type]
+        w = np.asarray(offered, dtype=float)
+    else:
+        w = np.maximum(np.asarray(served_tps, dtype=float), 0.0)
+    total = float(w.sum())
+    return w / total if total > 0 else np.full(n, 1.0 / n)
+
+
 def observed_risk(served: Iterable[Served]) -> dict[str, float]:
     """job id → P̂_obs over its settled online ranks (jobs without one are absent; module docstring)."""
-    ranks: dict[str, list[tuple[float, float, bool]]] = {}
+    ranks: dict[str, list[tuple[float | None, float, float, bool]]] = {}
     for s in served:
         if s.job.job.job_class is not JobClass.ONLINE:
             continue
         v, y = window_means(s.window)
-        weight = max(float(y.get("throughput_tokens_per_sec", 0.0)), 0.0)
+        rw = s.deployment.rank.route_weight
+        offered = float(rw) * s.replicas if rw is not None else None
+        tps = float(y.get("throughput_tokens_per_sec", 0.0))
         hot = overloaded(v, s.deployment.rank.config.max_num_seqs)
-        ranks.setdefault(s.job.job.job_id, []).append((weight, rank_risk(s), hot))
+        ranks.setdefault(s.job.job.job_id, []).append((offered, tps, rank_risk(s), hot))
     out: dict[str, float] = {}
     for jid, rows in ranks.items():
-        w = np.array([r[0] for r in rows])
-        risk = np.array([r[1] for r in rows])
-        hot = np.array([r[2] for r in rows])
-        total = float(w.sum())
-        share = w / total if total > 0 else np.full(len(rows), 1.0 / len(rows))  # no traffic: equal shares
+        share = _shares([r[0] for r in rows], [r[1] for r in rows])
+        risk = np.array([r[2] for r in rows])
+        hot = np.array([r[3] for r in rows])
         if np.any(hot & (share >= OVERLOAD_SHARE)):
             out[jid] = 1.0
         else:
