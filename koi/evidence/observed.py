@@ -48,12 +48,9 @@ from koi.evidence.perfdb import Served, overloaded, window_means
 OVERLOAD_SHARE = 0.01
 
 
-def rank_risk(s: Served) -> float:
-    """P̂_obs of one rank's window (module docstring)."""
+def _breach_share(s: Served) -> float:
+    """The share of the window's samples whose p99 TTFT or p99 TPOT is past the job's target."""
     slo = s.job.job.slo
-    v, _ = window_means(s.window)
-    if overloaded(v, s.deployment.rank.config.max_num_seqs):
-        return 1.0
     breach = None
     for name, target in (("p99_ttft_ms", slo.p99_ttft_ms), ("p99_tpot_ms", slo.p99_tpot_ms)):
         xs = s.window.series.get(name)
@@ -64,17 +61,27 @@ def rank_risk(s: Served) -> float:
     return float(breach.mean()) if breach is not None and len(breach) else 0.0
 
 
+def _hot(s: Served, observed_v: dict[str, float]) -> bool:
+    return overloaded(observed_v, s.deployment.rank.config.max_num_seqs)
+
+
+def rank_risk(s: Served) -> float:
+    """P̂_obs of one rank's window (module docstring)."""
+    v, _ = window_means(s.window)
+    return 1.0 if _hot(s, v) else _breach_share(s)
+
+
 def _shares(offered: list[float | None], served_tps: list[float]) -> np.ndarray:
     """Each rank's share of the job's requests: the gateway's split when every rank carries a route
     weight (the share it is *sent*, so a stalled rank keeps its share), else its share of the output
     throughput served in the window; equal shares when neither says anything."""
-    n = len(served_tps)
-    if all(o is not None for o in offered) and sum(offered) > 0:  # type: ignore[arg-type]
-        w = np.asarray(offered, dtype=float)
+    known = [o for o in offered if o is not None]
+    if len(known) == len(offered) and sum(known) > 0:
+        w = np.asarray(known, dtype=float)
     else:
         w = np.maximum(np.asarray(served_tps, dtype=float), 0.0)
     total = float(w.sum())
-    return w / total if total > 0 else np.full(n, 1.0 / n)
+    return w / total if total > 0 else np.full(len(offered), 1.0 / len(offered))
 
 
 def observed_risk(served: Iterable[Served]) -> dict[str, float]:
@@ -83,12 +90,12 @@ def observed_risk(served: Iterable[Served]) -> dict[str, float]:
     for s in served:
         if s.job.job.job_class is not JobClass.ONLINE:
             continue
-        v, y = window_means(s.window)
+        v, y = window_means(s.window)  # once per rank: the risk and the traffic share both read it
+        hot = _hot(s, v)
         rw = s.deployment.rank.route_weight
         offered = float(rw) * s.replicas if rw is not None else None
         tps = float(y.get("throughput_tokens_per_sec", 0.0))
-        hot = overloaded(v, s.deployment.rank.config.max_num_seqs)
-        ranks.setdefault(s.job.job.job_id, []).append((offered, tps, rank_risk(s), hot))
+        ranks.setdefault(s.job.job.job_id, []).append((offered, tps, 1.0 if hot else _breach_share(s), hot))
     out: dict[str, float] = {}
     for jid, rows in ranks.items():
         share = _shares([r[0] for r in rows], [r[1] for r in rows])

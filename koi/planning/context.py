@@ -72,9 +72,9 @@ class PlanningContext:
     enum: EnumerationParams = field(default_factory=EnumerationParams)
     #: job id → best observed value per objective (z* from the job's history H_i)
     history: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    #: job id → the running ladder's observed breach share in its last settled window (its ranks'
-    #: shares weighted by their traffic)
-    #: (:mod:`koi.evidence.observed`); the keep option's p_brk is at least this
+    #: job id → the running ladder's observed breach share in its last settled window, its ranks'
+    #: shares weighted by their traffic (:mod:`koi.evidence.observed`); the keep option's p_brk is
+    #: at least this
     observed_risk: Mapping[str, float] = field(default_factory=dict)
     cluster_id: str = ""
     tick: int = 0

@@ -10,9 +10,10 @@ Choices:
   worst rank's (a rank carrying ≥ 1% of requests sets the p99 if it breaches) and so is
   its breach probability — conservative on purpose: a predicted breach is a rank whose whole
   latency distribution may have shifted, and C3 gates *new* ladders on it. The running ladder's
-  observed risk is instead its ranks' breach shares weighted by the traffic they carried
-  (:mod:`koi.evidence.observed`), because there the window measured each rank's share. Throughput is the served rate: min(λ, saturation) · osl for
-  online, the sum of saturated replicas for batch. Cost per token and SLO margin come
+  observed risk is instead its ranks' breach shares weighted by the traffic each is sent
+  (:mod:`koi.evidence.observed`), because there the window measured each rank's share.
+  Throughput is the served rate: min(λ, saturation) · osl for online, the sum of saturated
+  replicas for batch. Cost per token and SLO margin come
   from :mod:`koi.outcomes`.
 - **Unserved share.** Online: 1 − capacity/λ when the ladder's SLO-respecting capacity
   is short of the offered load; batch: 1 − throughput/required rate. 0 otherwise.
