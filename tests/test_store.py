@@ -469,6 +469,8 @@ def test_perfdb_round_trip_and_query(engine):
         assert store.query_perf(s, model="llama-3.1-8b", gpu_type="H100", cloud="gcp") == [recs[1]]
         assert store.query_perf(s, tp=1, rate_range=(0.0, 5.0)) == [recs[0]]
         assert store.query_perf(s, config_key=rank("aws", tp=1).config.key, since_tick=2) == [recs[2]]
+        assert store.query_perf(s, until_tick=1) == recs[:2]  # a replay of tick 1 sees no later record
+        assert store.query_perf(s, since_tick=1, until_tick=1) == recs[:2]
         assert store.query_perf(s, isl_range=(1000, 2000)) == []
         assert store.query_perf(s, model="qwen3-8b") == []
     with pytest.raises(ValueError, match="unknown variable"):

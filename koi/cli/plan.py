@@ -1,4 +1,8 @@
-"""``koi plan bench|propose|example``: the deterministic planner (S4 without an LLM, S5 validation)."""
+"""``koi plan bench|propose|example|replay``: the deterministic planner (S4 without an LLM, S5 validation).
+
+``koi plan replay TICK`` re-runs a stored tick's S4 read-only and shows each job's options
+(:mod:`koi.planning.replay`): why the plan chose what it did.
+"""
 
 from __future__ import annotations
 
@@ -92,6 +96,46 @@ def example(
     if name not in fns:
         fail(f"unknown example {name!r}; choose from {sorted(fns)}")
     emit(fns[name](), json_out, title=name)
+
+
+@app.command()
+def replay(
+    tick: int = typer.Argument(..., min=0, help="the tick whose S4 to replay"),
+    job: list[str] = typer.Option([], "--job", help="only these jobs (repeatable; default: every job)"),
+    top: int = typer.Option(8, min=1, help="candidates listed per job, best σ first (the chosen one always)"),
+    cluster: str | None = typer.Option(None, "--cluster", help="cluster id (default: KOI_CLUSTER_ID)"),
+    url: str | None = typer.Option(None, "--url", help="database URL (default: KOI_DATABASE_URL or the SQLite file)"),
+    json_out: bool = JSON,
+) -> None:
+    """Replay a stored tick's S4 (nothing is written): every job's options and which one the plan took."""
+    from koi.cli.store import open_store
+    from koi.config import get_settings
+    from koi.planning.replay import replay_s4
+    from koi.store import session_scope
+
+    eng = open_store(url, required=True, table="stage_outputs")
+    cid = cluster or get_settings().cluster_id
+    try:
+        with session_scope(eng) as s:
+            rep = replay_s4(s, cid, tick, jobs=list(job) or None, top=top)
+    except ValueError as exc:
+        fail(str(exc))
+    finally:
+        eng.dispose()
+    if json_out:
+        emit(rep, True)
+        return
+    from koi.cli.output import console
+
+    console.print(f"{cid} tick {tick}: the replay {'reproduces' if rep.reproduced else 'does NOT reproduce'} "
+                  f"the stored S4 plan (surrogate fitted on {rep.perf_records} PerfDB records)")
+    for jr in rep.jobs:
+        flag = "" if jr.same else f" [stored: {jr.stored}]"
+        emit([{"": "→" if o.chosen else "", "option": o.kind, "σ": f"{o.sigma:.3f}", "J": f"{o.j:.3f}",
+               "p_brk": f"{o.p_brk:.3f}", "switch": f"{o.switch:.3f}", "unserved": f"{o.unserved:.0%}",
+               "$/h": f"{o.price_per_hour:.1f}", "GPUs": o.gpus, "C3": "ok" if o.admissible else "no",
+               "ladder": o.ladder} for o in jr.options], False,
+             title=f"{jr.job_id}: {jr.replayed}{flag} — {jr.candidates} ladders scored, {jr.c3_dropped} rows over τ")
 
 
 def register(root: typer.Typer) -> None:

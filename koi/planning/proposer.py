@@ -92,7 +92,7 @@ def keep_all(snapshot: ClusterSnapshot, reason: str = "keep-all fallback") -> Pl
     )
 
 
-def _describe(ranks: Iterable[RankSpec]) -> str:
+def describe_ranks(ranks: Iterable[RankSpec]) -> str:
     parts = []
     for r in ranks:
         c = r.config
@@ -118,7 +118,7 @@ def action_for(snapshot: ClusterSnapshot, jc: JobCandidates, c: Candidate, book:
     n_opts = len(jc.candidates)
     if c.kind in (OptionKind.PLACE, OptionKind.SWAP):
         why = (f"σ={c.sigma:.3f} (J={c.j:.3f}, p_brk={c.p_brk:.3f}, switch={c.switch:.3f}), EIG={c.eig:.3f}; "
-               f"{_describe(c.ranks)}; best feasible of {n_opts} candidates under shared capacity"
+               f"{describe_ranks(c.ranks)}; best feasible of {n_opts} candidates under shared capacity"
                + ("; late: no ladder meets the deadline" if c.late else "")
                + (f"; repair: breaches τ less than the running ladder (p_brk {jc.repair_below:.3f})"
                   if c.repair and jc.repair_below is not None else ""))
@@ -134,7 +134,7 @@ def action_for(snapshot: ClusterSnapshot, jc: JobCandidates, c: Candidate, book:
         why = f"keep: σ={c.sigma:.3f} (J={c.j:.3f}, p_brk={c.p_brk:.3f})"
         if c.reserves is not None:
             r = c.reserves
-            why += (f"; reserved: {_describe(r.ranks)} (σ={r.sigma:.3f}, p_brk={r.p_brk:.3f}) does not fit this tick;"
+            why += (f"; reserved: {describe_ranks(r.ranks)} (σ={r.sigma:.3f}, p_brk={r.p_brk:.3f}) does not fit this tick;"
                     " the plan leaves its instances free once this tick's swaps end, to swap next tick")
         else:
             why += f"; no swap among {n_opts} candidates pays for its switching cost" if n_opts else "; no alternative"
@@ -146,7 +146,7 @@ def action_for(snapshot: ClusterSnapshot, jc: JobCandidates, c: Candidate, book:
                       budget_ref=s.slice_id if s else None, route_weights=weights, rationale=why, issuer=issuer)
     if c.reserves is not None:
         r = c.reserves
-        why = (f"defer, reserved: {_describe(r.ranks)} (σ={r.sigma:.3f}, unserved {r.unserved:.0%}) does not fit "
+        why = (f"defer, reserved: {describe_ranks(r.ranks)} (σ={r.sigma:.3f}, unserved {r.unserved:.0%}) does not fit "
                f"this tick; the plan leaves its instances free once this tick's swaps end, to place it next tick")
     elif jc.candidates:
         why = f"defer: {n_opts} feasible candidates, none fits the capacity left after higher-value jobs"

@@ -201,6 +201,7 @@ def query_perf(
     rate_range: tuple[float, float] | None = None,
     cluster_id: str | None = None,
     since_tick: int | None = None,
+    until_tick: int | None = None,
     limit: int | None = None,
 ) -> list[PerfRecord]:
     """Records matching every filter given (names as the catalog spells them; ranges inclusive).
@@ -229,6 +230,8 @@ def query_perf(
             stmt = stmt.where(col >= rng[0], col <= rng[1])
     if since_tick is not None:
         stmt = stmt.where(t.tick >= since_tick)
+    if until_tick is not None:
+        stmt = stmt.where(t.tick <= until_tick)
     stmt = stmt.order_by(t.cluster_id, t.tick, t.rank_id)
     if limit is not None:
         stmt = stmt.limit(limit)
