@@ -103,3 +103,19 @@ def test_the_cli_prints_the_replay(koi_run):
     assert res.exit_code == 0 and "reproduces the stored S4 plan" in res.stdout and "chat-8b" in res.stdout
     res = _invoke(["plan", "replay", "99", "--cluster", cid, "--url", url])
     assert res.exit_code == 2 and "no S0 snapshot at tick 99" in res.output
+
+
+def test_bench_run_keeps_the_store_a_replay_reads(tmp_path):
+    """The operator's path: ``koi bench run --keep-store`` names each run's store; ``koi plan replay`` opens it."""
+    scenario = write_tiny(tmp_path)
+    res = _invoke(["bench", "run", "--scenario", str(scenario), "--policies", "koi", "--seeds", "1", "--hours", "0.1",
+                   "--jobs", "1", "--keep-store", "--no-report", "--cache-dir", str(tmp_path / "cache"), "--json"])
+    assert res.exit_code == 0, res.output
+    (run,) = json.loads(res.stdout)["runs"]
+    assert run["store"] and run["cluster_id"] == "bench-koi-s0"
+    res = _invoke(["plan", "replay", "1", "--cluster", run["cluster_id"], "--url", f"sqlite:///{run['store']}", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["reproduced"] is True
+    res = _invoke(["bench", "run", "--scenario", str(scenario), "--policies", "koi", "--seeds", "1", "--hours", "0.1",
+                   "--keep-store", "--via", "temporal", "--cache-dir", str(tmp_path / "cache")])
+    assert res.exit_code == 2 and "--keep-store" in res.output

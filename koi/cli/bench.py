@@ -121,7 +121,7 @@ def _terminate_on_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, handler)
 
 
-def _run_in_worker(spec: Any, cache_dir: str | None, fresh: bool, q: Any) -> dict[str, Any]:
+def _run_in_worker(spec: Any, cache_dir: str | None, fresh: bool, q: Any, keep_store: bool = False) -> dict[str, Any]:
     from koi.bench.runner import run_one
 
     rid = f"{spec.policy}/{spec.seed}"
@@ -130,7 +130,8 @@ def _run_in_worker(spec: Any, cache_dir: str | None, fresh: bool, q: Any) -> dic
         q.put(("tick", rid, done, total))
 
     q.put(("start", rid, 0, 0))
-    r = run_one(spec.scenario, spec.policy, spec.seed, hours=spec.hours, cache_dir=cache_dir, fresh=fresh, on_tick=tick)
+    r = run_one(spec.scenario, spec.policy, spec.seed, hours=spec.hours, cache_dir=cache_dir, fresh=fresh, on_tick=tick,
+                keep_store=keep_store)
     q.put(("done", rid, 0, 0))
     return _brief(r)
 
@@ -140,7 +141,7 @@ def _brief(r: Any) -> dict[str, Any]:
     return {"policy": r.key.policy, "seed": r.key.seed, "hours": r.key.hours, "cached": r.cached,
             "via": r.meta.via, "wall_s": r.meta.wall_s, "cpu_s": r.meta.cpu_s, "load_after": r.meta.load_after,
             "ticks": r.meta.n_ticks, "fallback_ticks": r.meta.ticks_fallback, "composite": m.composite,
-            "goodput_tok_s": m.goodput_tok_s}
+            "goodput_tok_s": m.goodput_tok_s, "cluster_id": r.meta.cluster_id, "store": r.meta.store}
 
 
 def _progress():  # noqa: ANN202 - rich Progress
@@ -160,7 +161,7 @@ def longest_first(todo: list[Any]) -> list[Any]:
 
 
 def _run_parallel(todo: list[Any], cache_dir: str | None, fresh: bool, jobs: int, verbose: bool,
-                  show: bool) -> list[dict[str, Any]]:
+                  show: bool, keep_store: bool = False) -> list[dict[str, Any]]:
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -174,7 +175,7 @@ def _run_parallel(todo: list[Any], cache_dir: str | None, fresh: bool, jobs: int
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
                                initargs=(verbose, os.getpid()))  # fmt: skip
     try:
-        futs = {pool.submit(_run_in_worker, s, cache_dir, fresh, q): s for s in longest_first(todo)}
+        futs = {pool.submit(_run_in_worker, s, cache_dir, fresh, q, keep_store): s for s in longest_first(todo)}
         if prog:
             prog.start()
             overall = prog.add_task("suite", total=len(todo))
@@ -226,7 +227,8 @@ def _drain(q: Any, prog: Any, bars: dict[str, Any]) -> None:
             prog.remove_task(bars.pop(rid))
 
 
-def _run_serial(todo: list[Any], cache_dir: str | None, fresh: bool, show: bool) -> list[dict[str, Any]]:
+def _run_serial(todo: list[Any], cache_dir: str | None, fresh: bool, show: bool,
+                keep_store: bool = False) -> list[dict[str, Any]]:
     from koi.bench.runner import run_one
 
     out = []
@@ -244,7 +246,7 @@ def _run_serial(todo: list[Any], cache_dir: str | None, fresh: bool, show: bool)
 
             try:
                 out.append(_brief(run_one(s.scenario, s.policy, s.seed, hours=s.hours, cache_dir=cache_dir,
-                                          fresh=fresh, on_tick=tick)))
+                                          fresh=fresh, on_tick=tick, keep_store=keep_store)))
             except Exception as exc:  # noqa: BLE001
                 err_console.print(f"[red]run {s.policy} seed {s.seed} failed:[/] {type(exc).__name__}: {exc}")
                 out.append({"policy": s.policy, "seed": s.seed, "error": f"{type(exc).__name__}: {exc}"})
@@ -318,6 +320,9 @@ def run(
     cache_dir: Path | None = CACHE,
     no_report: bool = typer.Option(False, "--no-report", help="skip the tables and figures"),
     verbose: bool = typer.Option(False, "--verbose", help="the pipeline's logs on stderr"),
+    keep_store: bool = typer.Option(False, "--keep-store",
+                                    help="keep each run's SQLite store (for koi plan replay, koi why); with --fresh "
+                                         "for runs already cached"),
     json_out: bool = JSON,
 ) -> None:
     """Run policies × seeds on a scenario (cached runs are not recomputed), then report."""
@@ -328,6 +333,8 @@ def run(
     _quiet(verbose)
     if via not in ("in-process", "temporal"):
         fail(f"--via must be in-process or temporal, not {via!r}")
+    if keep_store and via == "temporal":
+        fail("--keep-store keeps the in-process runner's SQLite store; a run --via temporal writes to the workers' store")
     try:
         sc, path = load(scenario)
     except (FileNotFoundError, ValueError) as exc:
@@ -355,9 +362,9 @@ def run(
     if via == "temporal":
         ran = _run_temporal(todo, cd, fresh, verbose)
     elif jobs > 1 and len(todo) > 1:
-        ran = _run_parallel(todo, cd, fresh, min(jobs, len(todo)), verbose, show)
+        ran = _run_parallel(todo, cd, fresh, min(jobs, len(todo)), verbose, show, keep_store)
     else:
-        ran = _run_serial(todo, cd, fresh, show)
+        ran = _run_serial(todo, cd, fresh, show, keep_store)
     wall = time.perf_counter() - t0
     briefs = [{"policy": s.policy, "seed": s.seed, "cached": True, "stale_code": s in stale} for s in cached] + ran
     load_avg = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -378,6 +385,10 @@ def run(
         emit(doc, True)
     else:
         err_console.print(f"suite wall {wall:.1f} s, load average {', '.join(f'{x:.2f}' for x in load_avg or [])}")
+        for b in ran:
+            if b.get("store"):
+                err_console.print(f"store of {b['policy']} seed {b['seed']}: koi plan replay TICK "
+                                  f"--cluster {b['cluster_id']} --url sqlite:///{b['store']}")
         if rep is not None:
             _print_table(rep)
     if errors:
