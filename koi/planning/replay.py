@@ -91,7 +91,7 @@ def _key(a: Action | None) -> tuple[str, Any]:
 def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] | None = None,
               top: int = TOP, time_limit: float = 10.0) -> Replay:
     """Re-run S4 of ``tick`` from the store (nothing is written); see the module docstring."""
-    from koi.planning.tick import fitted_predictor, load_planning_context
+    from koi.planning.tick import load_planning_context, predictor_for_records
     from koi.store import Stage, load_stage_model, load_stage_output, query_perf
 
     snap = load_stage_model(session, cluster_id, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
@@ -105,7 +105,8 @@ def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] |
     if unknown:
         raise ValueError(f"no job {', '.join(map(repr, unknown))} in tick {tick}'s snapshot")
 
-    ctx = load_planning_context(session, cluster_id, tick, predictor=fitted_predictor(session, cluster_id, tick))
+    records = query_perf(session, cluster_id=cluster_id, until_tick=tick)  # what S1 had written when S4 ran
+    ctx = load_planning_context(session, cluster_id, tick, predictor=predictor_for_records(records))
     prop = propose(snap, ctx, book=book, time_limit=time_limit)
     stored = {a.job_id: a for a in stored_plan.actions} if stored_plan is not None else {}
     replayed = {a.job_id: a for a in prop.plan.actions}
@@ -132,6 +133,6 @@ def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] |
         ))
     return Replay(
         cluster_id=cluster_id, tick=tick, reproduced=bool(replayed) and all(same.values()),
-        perf_records=len(query_perf(session, cluster_id=cluster_id, until_tick=tick)),
+        perf_records=len(records),
         objective=round(prop.selection.objective, 6), jobs=out,
     )

@@ -87,9 +87,15 @@ _FITTED_MAX = 4
 _FITTED_LOCK = threading.Lock()  # activity workers run stages on several threads
 
 
-def fitted_predictor(session: Session, cluster_id: str, until_tick: int | None = None) -> Predictor:
-    """The surrogate fitted on the cluster's PerfDB records (the default surrogate when there are none);
-    ``until_tick`` fits on the records of ticks up to it only (a replay of that tick's S4).
+def fitted_predictor(session: Session, cluster_id: str) -> Predictor:
+    """The surrogate fitted on the cluster's PerfDB records (the default surrogate when there are none)."""
+    from koi.store import query_perf
+
+    return predictor_for_records(query_perf(session, cluster_id=cluster_id))
+
+
+def predictor_for_records(records: list[Any]) -> Predictor:
+    """The surrogate fitted on ``records`` (PerfDB order), cached by their digest.
 
     A fit is a pure function of the records (in the store's order), so one fitted predictor is
     reused while the records are unchanged: S4 and S5 of a tick (and the repair round) share it,
@@ -97,10 +103,9 @@ def fitted_predictor(session: Session, cluster_id: str, until_tick: int | None =
     twice. Performance only: the predictions are the same.
     """
     from koi.planning.surrogate_adapter import SurrogatePredictor, memo_residuals
-    from koi.store import digest, query_perf
+    from koi.store import digest
     from koi.surrogate import Surrogate
 
-    records = query_perf(session, cluster_id=cluster_id, until_tick=until_tick)
     if not records:
         return SurrogatePredictor(None)
     key = digest(records)
