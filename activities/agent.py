@@ -80,7 +80,7 @@ class AgentActivities:
     ) -> None:
         self.rt = runtime
         self.settings = settings or get_settings()
-        self.config = config or RlmConfig()
+        self.config = config or RlmConfig.from_settings(self.settings)
         self.model_factory = model_factory
         self.backend_factory = backend_factory or backend_from_store
 

@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     llm_system_role: bool = True
     llm_price_per_mtok_in: float = 0.0
     llm_price_per_mtok_out: float = 0.0
+    llm_max_tokens: int | None = Field(default=None, ge=64, description="cap on a reply's tokens (RLM turns, "
+                                       "specialists, the LLM-only planner); default: each planner's own")
+    rlm_max_turns: int | None = Field(default=None, ge=1, le=512, description="K_MAX, turns per trajectory "
+                                      "(Appendix B: 64)")
+    rlm_timeout_s: float | None = Field(default=None, gt=0, description="wall clock per trajectory (default 240 s)")
 
     # ---- logs -----------------------------------------------------------------------------
     log_format: Literal["console", "json"] = "console"

@@ -139,6 +139,19 @@ def test_turn_and_wall_clock_bounds():
     assert rep.trajectories[0].status == "timeout" and rep.trajectories[0].n_turns <= 4
 
 
+def test_the_operators_caps_for_a_slow_endpoint_bound_the_proposer():
+    """KOI_RLM_MAX_TURNS / KOI_RLM_TIMEOUT_S / KOI_LLM_MAX_TOKENS reach the proposer; unset, the spec's defaults."""
+    from koi.agent.planner import RlmProposer
+    from koi.config import Settings
+
+    capped = RlmProposer(None, settings=Settings(rlm_max_turns=3, rlm_timeout_s=30, llm_max_tokens=512)).config
+    assert (capped.k_max, capped.timeout_s, capped.max_tokens, capped.specialist_max_tokens) == (3, 30.0, 512, 512)
+    plain = RlmProposer(None, settings=Settings()).config
+    assert plain == RlmConfig() and plain.k_max == 64
+    with pytest.raises(ValueError, match="rlm_max_turns"):
+        Settings(rlm_max_turns=0)
+
+
 def test_models_without_a_system_role_plan_too():
     plan, rep, srv, b = run(scripted.baseline_policy, system_role=False)
     assert all(m["role"] != "system" for p in srv.prompts() for m in p)

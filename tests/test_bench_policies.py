@@ -26,6 +26,7 @@ from koi.store import (
     get_plan,
     get_plan_row,
     init_db,
+    list_stage_outputs,
     load_stage_model,
     make_engine,
     query_perf,
@@ -210,6 +211,42 @@ def test_llm_only_repairs_a_malformed_reply_once_and_records_its_tokens(runs):
     assert row is not None and row.payload["status"] == "parsed" and row.payload["usage"]["calls"] == 2
     # the empty plan deferred everything; S5's C6 admitted the jobs the plan left waiting
     assert run.results[0].plan.by_type == {"defer": 2} and run.results[0].deploy.launched >= 2
+
+
+def test_a_runs_llm_use_counts_whose_plans_the_ticks_proposed_and_sums_every_attempts_tokens(runs):
+    from koi.bench.llm_use import run_llm_use, tick_llm_use
+
+    run = runs("llm-only")
+    with session_scope(run.engine) as s:
+        use = run_llm_use(s, run.cluster_id, len(run.results))
+    # each tick: a malformed reply, then a parsed repair → the model's plan, two calls
+    assert use is not None and use.model == "scripted-llm-only" and use.ticks == 2
+    assert (use.model_plans, use.fallback_plans, use.usage.calls) == (2, 0, 4)
+    rlm = runs("koi-llm")
+    with session_scope(rlm.engine) as s:
+        use = run_llm_use(s, rlm.cluster_id, len(rlm.results))
+        rows = list_stage_outputs(s, rlm.cluster_id, 0)
+        report = next(r for r in rows if r.stage == "S4_rlm/a0").payload
+    assert use is not None and use.ticks == len(rlm.results) and use.model == "scripted-baseline"
+    assert use.model_plans + use.fallback_plans == use.ticks and use.usage.calls >= use.ticks
+    assert tick_llm_use(rows).model_plans == int(report["chosen"] >= 0)
+    # a policy without a model has no use; a later attempt's verdict replaces an earlier one's
+    fcfs = runs("fcfs")
+    with session_scope(fcfs.engine) as s:
+        assert run_llm_use(s, fcfs.cluster_id, len(fcfs.results)) is None
+
+    @dataclass
+    class Row:
+        stage: str
+        payload: Any
+
+    usage = {"calls": 1, "prompt_tokens": 100, "completion_tokens": 10}
+    two = tick_llm_use([Row("S4_llm/a0", {"status": "parsed", "usage": usage, "model": "m"}),
+                        Row("S4_llm/a1", {"status": "malformed", "usage": usage, "model": "m"}),
+                        Row("S4_plan", {"usage": usage})])
+    assert (two.model_plans, two.fallback_plans, two.usage.calls, two.usage.prompt_tokens) == (0, 1, 2, 200)
+    bad = tick_llm_use([Row("S4_rlm/a0", {"chosen": 0, "usage": {"calls": "many"}}), Row("S4_rlm/a0/t0", {"chosen": -1})])
+    assert (bad.model_plans, bad.usage.calls) == (1, 0)  # an unreadable usage still says whose plan it was
 
 
 # ---- best fixed --------------------------------------------------------------------------------------------------

@@ -300,7 +300,7 @@ class RlmProposer:
 
         self.settings = settings or get_settings()
         self.model = model
-        self.config = config or RlmConfig()
+        self.config = config or RlmConfig.from_settings(self.settings)
         self.backend_factory = backend_factory or backend_from_store
         self.last_report: RlmReport | None = None
 

@@ -75,6 +75,21 @@ class RlmConfig(BaseModel):
     specialist_max_jobs: int = Field(default=32, ge=1)
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> RlmConfig:
+        """The defaults with the operator's overrides: ``KOI_RLM_MAX_TURNS`` (K_MAX), ``KOI_RLM_TIMEOUT_S``
+        and ``KOI_LLM_MAX_TOKENS`` (a reply's cap), for endpoints slower than the spec's tick assumes."""
+        over: dict[str, Any] = {}
+        if getattr(settings, "rlm_max_turns", None):
+            over["k_max"] = settings.rlm_max_turns
+        if getattr(settings, "rlm_timeout_s", None):
+            over["timeout_s"] = settings.rlm_timeout_s
+        if getattr(settings, "llm_max_tokens", None):
+            over["max_tokens"] = settings.llm_max_tokens
+            over["specialist_max_tokens"] = min(cls.model_fields["specialist_max_tokens"].default,
+                                                settings.llm_max_tokens)
+        return cls(**over)
+
 
 Status = Literal[
     "running", "committed", "committed_invalid", "malformed", "turns_exhausted", "timeout", "errors",

@@ -31,6 +31,7 @@ import numpy as np
 from pydantic import Field
 
 from koi.bench.evaluator import Metrics, TickTrace
+from koi.bench.llm_use import LlmUse
 from koi.domain.common import KoiModel
 
 #: Bump when what a run records changes: cached documents of another version are recomputed.
@@ -77,6 +78,7 @@ class RunMeta(KoiModel):
     stage_s: dict[str, float] = Field(default_factory=dict, description="seconds per stage, summed over ticks")
     sim_s: float = Field(default=0.0, description="seconds advancing the world")
     store: str | None = Field(default=None, description="the run's SQLite store, when kept")
+    llm: LlmUse | None = Field(default=None, description="a language-model planner's tokens, dollars and plans")
     runner_version: int = RUNNER_VERSION
     koi_version: str = ""
     code_digest: str = Field(default="", description="digest of koi/'s sources and data when the run was made")

@@ -31,6 +31,7 @@ from typing import Any
 
 from koi.bench.cache import RunResult
 from koi.bench.evaluator import FORMULAS, aggregate
+from koi.bench.llm_use import LlmUse
 from koi.bench.policy import Family
 
 #: (metric, header, scale, higher is better, percent) in the paper's column order.
@@ -61,6 +62,8 @@ class PolicyRow:
     wall_s: float
     fallback_ticks: int
     ticks: int
+    llm: LlmUse | None = None
+    llm_runs: int = 0
 
     @property
     def is_oracle(self) -> bool:
@@ -87,8 +90,42 @@ def policy_rows(runs: Iterable[RunResult]) -> list[PolicyRow]:
             policy=name, label=rs[0].meta.label, family=rs[0].meta.family, seeds=[r.key.seed for r in rs],
             stats=aggregate([r.metrics for r in rs]), wall_s=sum(r.meta.wall_s for r in rs) / len(rs),
             fallback_ticks=sum(r.meta.ticks_fallback for r in rs), ticks=sum(r.meta.n_ticks for r in rs),
+            llm=_merged_llm(rs), llm_runs=sum(1 for r in rs if r.meta.llm is not None),
         ))  # fmt: skip
     return sorted(rows, key=lambda p: (_family_order(p.family), p.policy))
+
+
+def _merged_llm(runs: Sequence[RunResult]) -> LlmUse | None:
+    uses = [r.meta.llm for r in runs if r.meta.llm is not None]
+    if not uses:
+        return None
+    total = uses[0]
+    for u in uses[1:]:
+        total = total.merge(u)
+    return total
+
+
+def llm_table(rows: Sequence[PolicyRow]) -> str:
+    """The language-model planners' use of their model, summed over seeds ("" when none ran one).
+
+    "Model's plans" is the share of ticks whose S4 proposal was the model's own (the rest are the
+    fallback: keep/defer for the LLM-only planner, the deterministic anchor for Koi's RLM planner),
+    which says how much of a row is the model's doing.
+    """
+    rs = [r for r in rows if r.llm is not None]
+    if not rs:
+        return ""
+    out = ["| Method | model | runs | model's plans | calls (failed) | prompt tok / run | completion tok / run | "
+           "LLM $ / run | s / call |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        u, n = r.llm, max(r.llm_runs, 1)
+        assert u is not None
+        per_call = u.usage.latency_s / u.usage.calls if u.usage.calls else 0.0
+        out.append(f"| {_label(r)} | {u.model or '?'} | {r.llm_runs} | {u.model_plans}/{u.ticks} "
+                   f"({100 * u.model_share:.0f}%) | {u.usage.calls} ({u.usage.failed_calls}) | "
+                   f"{u.usage.prompt_tokens / n:,.0f} | {u.usage.completion_tokens / n:,.0f} | "
+                   f"{u.usage.cost_usd / n:.4f} | {per_call:.1f} |")
+    return "\n".join(out)
 
 
 # ---- formatting ---------------------------------------------------------------------------------------------
@@ -220,6 +257,7 @@ def summary(rows: Sequence[PolicyRow]) -> dict[str, Any]:
             "mean": {k: clean(v[0]) for k, v in r.stats.items()},
             "std": {k: clean(v[1]) for k, v in r.stats.items()},
             "wall_s_mean": round(r.wall_s, 2), "fallback_ticks": r.fallback_ticks, "ticks": r.ticks,
+            **({"llm": {**r.llm.model_dump(mode="json"), "runs": r.llm_runs}} if r.llm is not None else {}),
         }
         for r in rows
     }
@@ -264,6 +302,11 @@ def build_markdown(scenario: str, digest: str, hours: float, rows: Sequence[Poli
     if len(codes) > 1:
         parts += [f"**Note:** these runs were made by {len(codes)} different versions of the code "
                   f"({', '.join(c or '?' for c in codes)}); `koi bench run --fresh` recomputes them.", ""]
+    llm = llm_table(rows)
+    if llm:
+        parts += ["## Language models", "", "The planners that ask a model, summed over their runs: how many "
+                  "ticks' proposals were the model's own plan (the rest are the fallback) and what the model "
+                  "was asked for.", "", llm, ""]
     parts += ["## Runs", "", "| Method | seeds | mean wall s / run | fallback ticks | ticks |", "|---|---|---:|---:|---:|"]
     for r in rows:
         parts.append(f"| {_label(r)} | {' '.join(map(str, r.seeds))} | {r.wall_s:.1f} | {r.fallback_ticks} | {r.ticks} |")

@@ -283,6 +283,7 @@ def assemble(
     per-tick world views and the final world (records, cost, events)."""
     from koi import __version__
     from koi.bench.cache import code_digest
+    from koi.bench.llm_use import run_llm_use
     from koi.domain import ClusterSnapshot
     from koi.store import Stage, digest, get_plan, get_plan_row, list_ticks, load_stage_model, session_scope
 
@@ -341,9 +342,9 @@ def assemble(
                 gpus_by_job={j: g for j, g in view.gpus_by_job.items() if j in job_ids},
                 serving_jobs=[j for j in view.serving_jobs if j in job_ids], **extra,
             ))  # fmt: skip
+        llm = run_llm_use(s, cluster_id, n_ticks)
     for t, (a, b) in zip(trace, window_attainment(jobs, rec, n_ticks, tick_s, horizon), strict=True):
         t.ttft_attainment, t.tpot_attainment = a, b
-
     cost = final_world.cost()
     reserved, _used = final_world.fleet.reserved_commitment(final_world.now())
     admitted = {e["job_id"] for e in final_world.events() if e.get("kind") == "replica_ready"} & job_ids
@@ -356,7 +357,7 @@ def assemble(
         horizon_s=horizon, ticks_committed=committed, ticks_fallback=n_ticks - committed, fallbacks=fallbacks,
         wall_s=round(clock.wall_s, 3), cpu_s=round(clock.cpu_s, 3), load_before=clock.load_before,
         load_after=clock.load_after, stage_s={k: round(v, 3) for k, v in sorted(stage_s.items())},
-        sim_s=round(clock.sim_s, 3), koi_version=__version__, code_digest=code_digest(),
+        sim_s=round(clock.sim_s, 3), llm=llm, koi_version=__version__, code_digest=code_digest(),
         finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )  # fmt: skip
     info = [JobInfo(job_id=j.job_id, job_class=j.job_class.value, model=j.model, submitted_at=j.submitted_at)

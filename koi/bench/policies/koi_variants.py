@@ -78,7 +78,9 @@ def rlm_config(options: dict[str, Any]) -> Any:
 
     cfg = options.get("rlm_config")
     if cfg is None:
-        return RlmConfig()
+        from koi.config import get_settings
+
+        return RlmConfig.from_settings(get_settings())
     return cfg if isinstance(cfg, RlmConfig) else RlmConfig.model_validate(cfg)
 
 

@@ -160,7 +160,7 @@ class LlmOnly(PolicyProposer):
 
         self.settings = get_settings()
         self._model = self.option("llm_model", None)
-        self.max_tokens = int(self.option("max_tokens", 8192))
+        self.max_tokens = int(self.option("max_tokens", self.settings.llm_max_tokens or 8192))
 
     def model(self) -> Any:
         if self._model is None:
@@ -205,16 +205,16 @@ class LlmOnly(PolicyProposer):
         if plan is None:
             plan = keep_defer_plan(snap, proposer=self.policy,
                                    rationale="llm-only: no usable plan after one repair: " + "; ".join(problems[:5]))
-        self._persist(ctx, status, problems, metered.usage)
+        self._persist(ctx, status, problems, metered.usage, metered.name)
         return plan
 
-    def _persist(self, ctx: Any, status: str, problems: list[str], usage: Any) -> None:
+    def _persist(self, ctx: Any, status: str, problems: list[str], usage: Any, model: str) -> None:
         if ctx.session is None:
             return
         from koi.store.repos.stages import digest, save_stage_output
 
         save_stage_output(ctx.session, ctx.cluster_id, ctx.tick, f"S4_llm/a{ctx.attempt}",
-                          {"policy": self.policy, "status": status, "problems": problems[:20],
+                          {"policy": self.policy, "model": model, "status": status, "problems": problems[:20],
                            "usage": usage.model_dump(mode="json")},
                           input_digest=digest({"attempt": ctx.attempt}))
 

@@ -89,3 +89,13 @@ def load_stage_model(
 def list_stage_outputs(session: Session, cluster_id: str, tick: int) -> list[StageOutputRow]:
     stmt = fresh(StageOutputRow).where(StageOutputRow.cluster_id == cluster_id, StageOutputRow.tick == tick)
     return list(session.exec(stmt.order_by(StageOutputRow.stage)))
+
+
+def list_stage_outputs_like(session: Session, cluster_id: str, *prefixes: str) -> list[StageOutputRow]:
+    """Every tick's outputs of the stages named ``<prefix>/…`` (e.g. the planners' per-attempt reports),
+    ordered by tick and stage; read without touching the other stages' (large) payloads."""
+    from sqlalchemy import or_
+
+    stmt = fresh(StageOutputRow).where(StageOutputRow.cluster_id == cluster_id,
+                                       or_(*(StageOutputRow.stage.like(f"{p}/%") for p in prefixes)))  # type: ignore[attr-defined]
+    return list(session.exec(stmt.order_by(StageOutputRow.tick, StageOutputRow.stage)))
