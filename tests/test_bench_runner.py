@@ -257,6 +257,41 @@ def test_bench_run_in_two_processes_then_from_the_cache(tiny, tmp_path, monkeypa
     assert doc2["report"]["policies"] == doc["report"]["policies"]
 
 
+def test_the_llm_rows_through_the_cli_record_their_model_and_a_changed_model_is_flagged(tiny, tmp_path, monkeypatch):
+    """`koi bench run --policies llm-only` against an OpenAI-compatible server on loopback: the row says
+    which model planned and how many ticks were its plans; a later call configured with another model
+    finds the run cached (the key has no model) and says it was made with the first."""
+    from fakes.openai_server import FakeOpenAIServer
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+    from koi.config import get_settings
+
+    plan = '```json\n{"tick_rationale": "wait and see", "actions": []}\n```'
+    args = ["bench", "run", "--scenario", str(tiny), "--policies", "llm-only", "--seeds", "1", "--hours", str(HOURS),
+            "--jobs", "1", "--cache-dir", str(tmp_path)]
+    try:
+        with FakeOpenAIServer(responder=lambda messages, body: plan) as srv:
+            monkeypatch.setenv("KOI_LLM_BASE_URL", srv.url)
+            monkeypatch.setenv("KOI_LLM_MODEL", "model-a")
+            get_settings.cache_clear()
+            res = CliRunner().invoke(app, [*args, "--json"])
+            assert res.exit_code == 0, res.output
+            row = json.loads(res.stdout)["report"]["policies"]["llm-only"]
+            assert row["llm"]["model"] == "model-a" and row["llm"]["model_plans"] == row["llm"]["ticks"] == 2
+            assert row["llm"]["usage"]["calls"] == len(srv.requests) == 2
+            assert "## Language models" in (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
+            monkeypatch.setenv("KOI_LLM_MODEL", "model-b")
+            get_settings.cache_clear()
+            res = CliRunner().invoke(app, args)
+            assert res.exit_code == 0, res.output
+            assert "made with another model (llm-only seed 0: model-a)" in " ".join(res.output.split())
+            assert len(srv.requests) == 2  # nothing recomputed
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():

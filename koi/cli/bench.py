@@ -307,6 +307,20 @@ def _print_table(rep: Any) -> None:
     console.print(f"report: {rep.files['markdown']}")
 
 
+def _other_model(cached: list[Any], hits: dict[Any, Any]) -> set[str]:
+    """The models of cached LLM runs that are not the configured ``KOI_LLM_MODEL`` (the cache key has no model)."""
+    from koi.bench.policy import get_policy
+    from koi.config import get_settings
+
+    now = get_settings().llm_model
+    out = set()
+    for s in cached:
+        llm = hits[s].meta.llm
+        if llm is not None and llm.model and now and llm.model != now and get_policy(s.policy).needs_llm:
+            out.add(f"{s.policy} seed {s.seed}: {llm.model}")
+    return out
+
+
 @app.command()
 def run(
     scenario: str = SCENARIO,
@@ -353,6 +367,10 @@ def run(
     stale = [s for s in cached if hits[s].meta.code_digest != code_digest()]  # type: ignore[union-attr]
     if stale and not json_out:
         err_console.print(f"[yellow]{len(stale)} cached run(s) were made by other code; --fresh recomputes them[/]")
+    other_model = _other_model(cached, hits)
+    if other_model and not json_out:
+        err_console.print(f"[yellow]{len(other_model)} cached language-model run(s) were made with another model "
+                          f"({', '.join(sorted(other_model))}); --fresh recomputes them[/]")
     show = not json_out and sys.stderr.isatty() or os.environ.get("KOI_PROGRESS") == "1"
     if not json_out:
         err_console.print(f"{sc.name}: {len(specs)} policies × {seeds} seeds, {h:g} h; {len(cached)} cached, "
