@@ -285,7 +285,9 @@ def test_the_llm_rows_through_the_cli_record_their_model_and_a_changed_model_is_
             get_settings.cache_clear()
             res = CliRunner().invoke(app, args)
             assert res.exit_code == 0, res.output
-            assert "made with another model (llm-only seed 0: model-a)" in " ".join(res.output.split())
+            out = " ".join(res.output.split())
+            assert "made with another model (llm-only seed 0: model-a)" in out
+            assert "language models: whose plans" in out and "2/2 (100%)" in out  # the console's table
             assert len(srv.requests) == 2  # nothing recomputed
     finally:
         monkeypatch.undo()

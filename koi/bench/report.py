@@ -105,26 +105,38 @@ def _merged_llm(runs: Sequence[RunResult]) -> LlmUse | None:
     return total
 
 
-def llm_table(rows: Sequence[PolicyRow]) -> str:
-    """The language-model planners' use of their model, summed over seeds ("" when none ran one).
+LLM_COLS = ["Method", "model", "runs", "model's plans", "calls (failed)", "prompt tok / run",
+            "completion tok / run", "LLM $ / run", "s / call"]
+
+
+def llm_rows(rows: Sequence[PolicyRow]) -> list[dict[str, str]]:
+    """The language-model planners' use of their model, summed over seeds (none when no policy asked one).
 
     "Model's plans" is the share of ticks whose S4 proposal was the model's own (the rest are the
     fallback: keep/defer for the LLM-only planner, the deterministic anchor for Koi's RLM planner),
     which says how much of a row is the model's doing.
     """
-    rs = [r for r in rows if r.llm is not None]
+    out = []
+    for r in rows:
+        u = r.llm
+        if u is None:
+            continue
+        n = max(r.llm_runs, 1)
+        per_call = u.usage.latency_s / u.usage.calls if u.usage.calls else 0.0
+        vals = [_label(r), u.model or "?", str(r.llm_runs), f"{u.model_plans}/{u.ticks} ({100 * u.model_share:.0f}%)",
+                f"{u.usage.calls} ({u.usage.failed_calls})", f"{u.usage.prompt_tokens / n:,.0f}",
+                f"{u.usage.completion_tokens / n:,.0f}", f"{u.usage.cost_usd / n:.4f}", f"{per_call:.1f}"]
+        out.append(dict(zip(LLM_COLS, vals, strict=True)))
+    return out
+
+
+def llm_table(rows: Sequence[PolicyRow]) -> str:
+    """:func:`llm_rows` as Markdown ("" when none)."""
+    rs = llm_rows(rows)
     if not rs:
         return ""
-    out = ["| Method | model | runs | model's plans | calls (failed) | prompt tok / run | completion tok / run | "
-           "LLM $ / run | s / call |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rs:
-        u, n = r.llm, max(r.llm_runs, 1)
-        assert u is not None
-        per_call = u.usage.latency_s / u.usage.calls if u.usage.calls else 0.0
-        out.append(f"| {_label(r)} | {u.model or '?'} | {r.llm_runs} | {u.model_plans}/{u.ticks} "
-                   f"({100 * u.model_share:.0f}%) | {u.usage.calls} ({u.usage.failed_calls}) | "
-                   f"{u.usage.prompt_tokens / n:,.0f} | {u.usage.completion_tokens / n:,.0f} | "
-                   f"{u.usage.cost_usd / n:.4f} | {per_call:.1f} |")
+    out = ["| " + " | ".join(LLM_COLS) + " |", "|---|---|" + "---:|" * (len(LLM_COLS) - 2)]
+    out += ["| " + " | ".join(r[c] for c in LLM_COLS) + " |" for r in rs]
     return "\n".join(out)
 
 

@@ -288,7 +288,7 @@ MAIN_COLS = ["Method", "Batch progress (%)", "Admit online (%)", "Admit batch (%
 
 
 def _print_table(rep: Any) -> None:
-    from koi.bench.report import MAIN_COLUMNS, ablation_rows, cell, main_rows
+    from koi.bench.report import LLM_COLS, MAIN_COLUMNS, ablation_rows, cell, llm_rows, main_rows
 
     def rows_of(prs: list[Any]) -> list[dict[str, str]]:
         rows = []
@@ -304,6 +304,10 @@ def _print_table(rep: Any) -> None:
     abl = ablation_rows(rep.rows)
     if len(abl) > 1:
         emit(rows_of(abl), False, title="ablations", columns=MAIN_COLS)
+    llm = llm_rows(rep.rows)
+    if llm:
+        emit(llm, False, title="language models: whose plans the ticks proposed, and what the model was asked for",
+             columns=LLM_COLS)
     console.print(f"report: {rep.files['markdown']}")
 
 
