@@ -9,7 +9,7 @@ deterministic anchor won) — and sums them over the run.
 
 Choices: a tick counts once, by its last attempt (a retried S4 after a rejected plan replaces the
 first proposal); usage sums every attempt (every call was paid for). A scripted model (the
-offline ``koi-scripted`` policy) is reported the same way, with zero tokens.
+offline ``koi-scripted`` policy) is reported the same way, with the usage it reports.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from koi.domain.common import KoiModel
 class LlmUse(KoiModel):
     """One run's use of its language model (``RunMeta.llm``)."""
 
-    model: str = Field(default="", description="the model's name as the endpoint reported it")
+    model: str = Field(default="", description="the model's name as configured (KOI_LLM_MODEL)")
     ticks: int = Field(default=0, description="ticks with a stored LLM planner report")
     model_plans: int = Field(default=0, description="ticks whose S4 proposal is the model's plan")
     fallback_plans: int = Field(default=0, description="ticks whose proposal is the fallback (keep/defer, or the "
