@@ -229,6 +229,7 @@ def test_a_runs_llm_use_counts_whose_plans_the_ticks_proposed_and_sums_every_att
         report = next(r for r in rows if r.stage == "S4_rlm/a0").payload
     assert use is not None and use.ticks == len(rlm.results) and use.model == "scripted-baseline"
     assert use.model_plans + use.fallback_plans == use.ticks and use.usage.calls >= use.ticks
+    assert use.caps == {"k_max": 64, "max_tokens": 2048, "timeout_s": 240.0}  # RlmConfig's defaults
     assert tick_llm_use(rows).model_plans == int(report["chosen"] >= 0)
     # a policy without a model has no use; a later attempt's verdict replaces an earlier one's
     fcfs = runs("fcfs")
@@ -241,10 +242,13 @@ def test_a_runs_llm_use_counts_whose_plans_the_ticks_proposed_and_sums_every_att
         payload: Any
 
     usage = {"calls": 1, "prompt_tokens": 100, "completion_tokens": 10}
-    two = tick_llm_use([Row("S4_llm/a0", {"status": "parsed", "usage": usage, "model": "m"}),
-                        Row("S4_llm/a1", {"status": "malformed", "usage": usage, "model": "m"}),
+    two = tick_llm_use([Row("S4_llm/a0", {"status": "parsed", "usage": usage, "model": "m", "caps": {"max_tokens": 9}}),
+                        Row("S4_llm/a1", {"status": "malformed", "usage": usage, "model": "m",
+                                          "caps": {"max_tokens": 64, "note": "x"}}),
                         Row("S4_plan", {"usage": usage})])
     assert (two.model_plans, two.fallback_plans, two.usage.calls, two.usage.prompt_tokens) == (0, 1, 2, 200)
+    assert two.caps == {"max_tokens": 64.0}  # the last attempt's, numbers only
+    assert two.merge(two.model_copy(update={"caps": {"max_tokens": 128.0}})).caps == {}  # runs that disagree
     bad = tick_llm_use([Row("S4_rlm/a0", {"chosen": 0, "usage": {"calls": "many"}}), Row("S4_rlm/a0/t0", {"chosen": -1})])
     assert (bad.model_plans, bad.usage.calls) == (1, 0)  # an unreadable usage still says whose plan it was
 

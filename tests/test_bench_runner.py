@@ -280,15 +280,22 @@ def test_the_llm_rows_through_the_cli_record_their_model_and_a_changed_model_is_
             row = json.loads(res.stdout)["report"]["policies"]["llm-only"]
             assert row["llm"]["model"] == "model-a" and row["llm"]["model_plans"] == row["llm"]["ticks"] == 2
             assert row["llm"]["usage"]["calls"] == len(srv.requests) == 2
+            assert row["llm"]["caps"] == {"max_tokens": 8192} and srv.requests[0]["body"]["max_tokens"] == 8192
             assert "## Language models" in (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
             monkeypatch.setenv("KOI_LLM_MODEL", "model-b")
             get_settings.cache_clear()
             res = CliRunner().invoke(app, args)
             assert res.exit_code == 0, res.output
             out = " ".join(res.output.split())
-            assert "made with another model (llm-only seed 0: model-a)" in out
+            assert "made with another model or caps (llm-only seed 0: model-a)" in out
             assert "language models: whose plans" in out and "2/2 (100%)" in out  # the console's table
             assert len(srv.requests) == 2  # nothing recomputed
+            monkeypatch.setenv("KOI_LLM_MODEL", "model-a")
+            monkeypatch.setenv("KOI_LLM_MAX_TOKENS", "512")  # the same model, another reply cap
+            get_settings.cache_clear()
+            res = CliRunner().invoke(app, args)
+            out = " ".join(res.output.split())
+            assert "(llm-only seed 0: max_tokens 8192 (now 512))" in out and "model-a)" not in out
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()

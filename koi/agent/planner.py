@@ -77,6 +77,8 @@ class RlmReport(BaseModel):
     attempt: int = 0
     model: str = ""
     k_p: int = 1
+    caps: dict[str, float] = Field(default_factory=dict, description="the bounds it ran under: k_max, max_tokens, "
+                                                                     "timeout_s (a benchmark row's settings)")
     chosen: int = Field(description="trajectory index, or -1 for the deterministic plan")
     chosen_source: str = ""
     reason: str = ""
@@ -212,6 +214,11 @@ def plan_with_rlm(
                   model_name=getattr(_model_for(model, 0), "name", ""), price_in=price_in, price_out=price_out)
 
 
+def rlm_caps(cfg: RlmConfig) -> dict[str, float]:
+    """The bounds a report records (what ``KOI_RLM_MAX_TURNS`` / ``KOI_LLM_MAX_TOKENS`` / ``KOI_RLM_TIMEOUT_S`` set)."""
+    return {"k_max": cfg.k_max, "max_tokens": cfg.max_tokens, "timeout_s": cfg.timeout_s}
+
+
 def finish(
     snapshot: ClusterSnapshot,
     backend: ToolBackend,
@@ -250,7 +257,7 @@ def finish(
         mechs.extend(r.proposed_mechanisms)
     report = RlmReport(
         cluster_id=snapshot.cluster_id, tick=snapshot.tick, attempt=attempt, model=model_name, k_p=len(reports),
-        chosen=idx, chosen_source=source, reason=reason, candidates=ranked, trajectories=list(reports),
+        caps=rlm_caps(cfg), chosen=idx, chosen_source=source, reason=reason, candidates=ranked, trajectories=list(reports),
         usage=usage, price_per_mtok_in=price_in, price_per_mtok_out=price_out, proposed_mechanisms=mechs,
         elapsed_s=round(time.monotonic() - started, 3) if started is not None else 0.0,
     )

@@ -31,6 +31,8 @@ class LlmUse(KoiModel):
     model_plans: int = Field(default=0, description="ticks whose S4 proposal is the model's plan")
     fallback_plans: int = Field(default=0, description="ticks whose proposal is the fallback (keep/defer, or the "
                                                        "deterministic anchor for the RLM planner)")
+    caps: dict[str, float] = Field(default_factory=dict, description="the bounds the planner ran under (its "
+                                                                     "last report's; across runs, the agreed ones)")
     usage: Usage = Field(default_factory=Usage)
 
     @property
@@ -39,7 +41,8 @@ class LlmUse(KoiModel):
 
     def merge(self, other: LlmUse) -> LlmUse:
         names = sorted({n for n in (self.model, other.model) if n})
-        return LlmUse(model=",".join(names), ticks=self.ticks + other.ticks,
+        agreed = {k: v for k, v in self.caps.items() if other.caps.get(k) == v}
+        return LlmUse(model=",".join(names), caps=agreed, ticks=self.ticks + other.ticks,
                       model_plans=self.model_plans + other.model_plans,
                       fallback_plans=self.fallback_plans + other.fallback_plans, usage=self.usage.merge(other.usage))
 
@@ -55,7 +58,7 @@ def _attempt(stage: str, prefix: str) -> int | None:
 def tick_llm_use(rows: list[Any]) -> LlmUse | None:
     """One tick's use from its stage-output rows (anything with ``stage`` and ``payload``); None if no report."""
     usage = Usage()
-    last: tuple[int, bool, str] | None = None  # (attempt, the model's plan?, model)
+    last: tuple[int, bool, str, dict[str, float]] | None = None  # (attempt, the model's plan?, model, caps)
     for row in rows:
         stage, payload = str(row.stage), row.payload or {}
         if not isinstance(payload, dict):
@@ -72,10 +75,13 @@ def tick_llm_use(rows: list[Any]) -> LlmUse | None:
             else:
                 mine = int(payload.get("chosen", -1)) >= 0
             if last is None or k >= last[0]:
-                last = (k, mine, str(payload.get("model") or ""))
+                caps = payload.get("caps")
+                last = (k, mine, str(payload.get("model") or ""),
+                        {str(c): float(v) for c, v in caps.items() if isinstance(v, int | float)}
+                        if isinstance(caps, dict) else {})
     if last is None:
         return None
-    return LlmUse(model=last[2], ticks=1, model_plans=int(last[1]), fallback_plans=int(not last[1]), usage=usage)
+    return LlmUse(model=last[2], caps=last[3], ticks=1, model_plans=int(last[1]), fallback_plans=int(not last[1]), usage=usage)
 
 
 def run_llm_use(session: Any, cluster_id: str, n_ticks: int) -> LlmUse | None:

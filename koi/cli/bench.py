@@ -312,16 +312,24 @@ def _print_table(rep: Any) -> None:
 
 
 def _other_model(cached: list[Any], hits: dict[Any, Any]) -> set[str]:
-    """The models of cached LLM runs that are not the configured ``KOI_LLM_MODEL`` (the cache key has no model)."""
+    """Cached LLM runs made with another model than ``KOI_LLM_MODEL``, or other caps than the settings give
+    (the cache key has neither)."""
+    from koi.bench.policies.llm import configured_caps
     from koi.bench.policy import get_policy
     from koi.config import get_settings
 
-    now = get_settings().llm_model
+    settings = get_settings()
     out = set()
     for s in cached:
         llm = hits[s].meta.llm
-        if llm is not None and llm.model and now and llm.model != now and get_policy(s.policy).needs_llm:
+        if llm is None or not get_policy(s.policy).needs_llm:
+            continue
+        if llm.model and settings.llm_model and llm.model != settings.llm_model:
             out.add(f"{s.policy} seed {s.seed}: {llm.model}")
+        now = configured_caps(s.policy, settings)
+        diff = [f"{k} {v:g} (now {now[k]:g})" for k, v in sorted(llm.caps.items()) if k in now and now[k] != v]
+        if diff:
+            out.add(f"{s.policy} seed {s.seed}: {', '.join(diff)}")
     return out
 
 
@@ -373,8 +381,8 @@ def run(
         err_console.print(f"[yellow]{len(stale)} cached run(s) were made by other code; --fresh recomputes them[/]")
     other_model = _other_model(cached, hits)
     if other_model and not json_out:
-        err_console.print(f"[yellow]{len(other_model)} cached language-model run(s) were made with another model "
-                          f"({', '.join(sorted(other_model))}); --fresh recomputes them[/]")
+        err_console.print(f"[yellow]cached language-model run(s) made with another model or caps "
+                          f"({'; '.join(sorted(other_model))}); --fresh recomputes them[/]")
     show = not json_out and sys.stderr.isatty() or os.environ.get("KOI_PROGRESS") == "1"
     if not json_out:
         err_console.print(f"{sc.name}: {len(specs)} policies × {seeds} seeds, {h:g} h; {len(cached)} cached, "

@@ -38,6 +38,9 @@ from koi.bench.policies.koi_variants import rlm_config
 from koi.bench.policy import BenchContext, Family, PolicySpec, register
 from koi.domain import ClusterSnapshot, Plan
 
+#: the LLM-only planner's reply cap when ``KOI_LLM_MAX_TOKENS`` is unset (a whole fleet's plan is long)
+LLM_ONLY_MAX_TOKENS = 8192
+
 SYSTEM = """\
 You plan the deployments of a fleet of LLM inference jobs on heterogeneous, multi-cloud GPUs. \
 Once per planning tick you write ONE cluster-wide plan: an action for every job. You have no \
@@ -160,7 +163,7 @@ class LlmOnly(PolicyProposer):
 
         self.settings = get_settings()
         self._model = self.option("llm_model", None)
-        self.max_tokens = int(self.option("max_tokens", self.settings.llm_max_tokens or 8192))
+        self.max_tokens = int(self.option("max_tokens", self.settings.llm_max_tokens or LLM_ONLY_MAX_TOKENS))
 
     def model(self) -> Any:
         if self._model is None:
@@ -214,7 +217,8 @@ class LlmOnly(PolicyProposer):
         from koi.store.repos.stages import digest, save_stage_output
 
         save_stage_output(ctx.session, ctx.cluster_id, ctx.tick, f"S4_llm/a{ctx.attempt}",
-                          {"policy": self.policy, "model": model, "status": status, "problems": problems[:20],
+                          {"policy": self.policy, "model": model, "caps": {"max_tokens": self.max_tokens},
+                           "status": status, "problems": problems[:20],
                            "usage": usage.model_dump(mode="json")},
                           input_digest=digest({"attempt": ctx.attempt}))
 
@@ -232,6 +236,16 @@ class KoiLlm(PolicyProposer):
 
     def propose(self, ctx: Any) -> Plan:
         return self.inner(dataclasses.replace(ctx, seed=self.llm_seed(ctx)))
+
+
+def configured_caps(policy: str, settings: Any) -> dict[str, float]:
+    """The bounds ``policy`` would run under with these settings (compared with a cached run's ``LlmUse.caps``)."""
+    if policy == "llm-only":
+        return {"max_tokens": settings.llm_max_tokens or LLM_ONLY_MAX_TOKENS}
+    from koi.agent.planner import rlm_caps
+    from koi.agent.trajectory import RlmConfig
+
+    return rlm_caps(RlmConfig.from_settings(settings))
 
 
 def _make(cls: type[PolicyProposer]) -> Any:
