@@ -311,7 +311,7 @@ def _print_table(rep: Any) -> None:
     console.print(f"report: {rep.files['markdown']}")
 
 
-def _other_model(cached: list[Any], hits: dict[Any, Any]) -> set[str]:
+def _other_llm(cached: list[Any], hits: dict[Any, Any]) -> set[str]:
     """Cached LLM runs made with another model than ``KOI_LLM_MODEL``, or other caps than the settings give
     (the cache key has neither)."""
     from koi.bench.policies.llm import configured_caps
@@ -379,10 +379,10 @@ def run(
     stale = [s for s in cached if hits[s].meta.code_digest != code_digest()]  # type: ignore[union-attr]
     if stale and not json_out:
         err_console.print(f"[yellow]{len(stale)} cached run(s) were made by other code; --fresh recomputes them[/]")
-    other_model = _other_model(cached, hits)
-    if other_model and not json_out:
+    other_llm = _other_llm(cached, hits)
+    if other_llm and not json_out:
         err_console.print(f"[yellow]cached language-model run(s) made with another model or caps "
-                          f"({'; '.join(sorted(other_model))}); --fresh recomputes them[/]")
+                          f"({'; '.join(sorted(other_llm))}); --fresh recomputes them[/]")
     show = not json_out and sys.stderr.isatty() or os.environ.get("KOI_PROGRESS") == "1"
     if not json_out:
         err_console.print(f"{sc.name}: {len(specs)} policies × {seeds} seeds, {h:g} h; {len(cached)} cached, "

@@ -163,7 +163,7 @@ class LlmOnly(PolicyProposer):
 
         self.settings = get_settings()
         self._model = self.option("llm_model", None)
-        self.max_tokens = int(self.option("max_tokens", self.settings.llm_max_tokens or LLM_ONLY_MAX_TOKENS))
+        self.max_tokens = int(self.option("max_tokens", configured_caps(self.policy, self.settings)["max_tokens"]))
 
     def model(self) -> Any:
         if self._model is None:
