@@ -186,7 +186,12 @@ def assign_split(rows: pd.DataFrame, scheme: str = "hash") -> pd.DataFrame:
     return out
 
 
-def _row_setup(row) -> tuple[ModelArch, GpuSpec, ChainConfig, str]:
+def row_setup(row) -> tuple[ModelArch, GpuSpec, ChainConfig, str]:
+    """A silicon row's model, GPU, the engine's default config at its TP and precision, and its GEMM mode
+    (FP8 rows keep their measured ``fp8``/``fp8_block`` mode; anything else is plain ``fp8``).
+
+    Shared with the simulator's fidelity replay (:mod:`koi.sim.fidelity`) so both read a row alike.
+    """
     from koi.catalog import gpu as catalog_gpu
     from koi.catalog import model as catalog_model
 
@@ -271,7 +276,7 @@ def row_linear(
 
     ``harness`` defaults to the row's own (:func:`row_harness`), with the engine's desynchronisation
     spread from ``spreads`` when given (else the stored one)."""
-    m, g, cfg, mode = _row_setup(row)
+    m, g, cfg, mode = row_setup(row)
     sm: StepModel = step_model(m, g, cfg, gemm_mode=mode)
     h = harness or row_harness(row, spread=(spreads or {}).get(str(row.backend)))
     sched, w, n, cap = replay_schedule(

@@ -38,7 +38,6 @@ import numpy as np
 import pandas as pd
 
 from koi import catalog
-from koi.domain import DType
 from koi.logging import get_logger
 from koi.sim.engine import Engine
 from koi.sim.physics import chain_spec, rank_tables
@@ -207,24 +206,14 @@ def _iteration_s(tables: RankTables, batch: int, ctx: float) -> float:
 
 
 def _row_tables(row: Any) -> RankTables:
-    from koi.perf import engine_default_config
+    from koi.perf.fidelity import client_of, row_setup
+    from koi.perf.overheads import engine_overheads
 
-    g = catalog.gpu(row.gpu)
-    fp8 = str(row.precision).lower() == "fp8"
-    cfg = engine_default_config(
-        row.backend, g, tp=int(row.tp), weight_dtype=DType.FP8 if fp8 else DType.BF16,
-        kv_dtype=DType.FP8 if fp8 else DType.BF16, version=row.version,
-    )  # fmt: skip
-    mode = str(row.gemm_quant) if fp8 else "bfloat16"
-    if mode not in ("fp8", "fp8_block"):
-        mode = "fp8" if fp8 else "bfloat16"
+    _, _, cfg, mode = row_setup(row)
     cloud, name = SYSTEM_INSTANCE[row.system]
     itype = catalog.instance(cloud, name)
     t = rank_tables(chain_spec(row.model, itype, cfg, int(row.isl) + int(row.osl), gemm_mode=mode))
     # the serving front end of the client that measured the row (koi/perf's fitted request_s)
-    from koi.perf.fidelity import client_of
-    from koi.perf.overheads import engine_overheads
-
     client = client_of(str(getattr(row, "source", "")))
     return replace(t, request_s=float(engine_overheads(row.backend, client).request_s))
 
