@@ -46,6 +46,13 @@ def test_make_run_on_a_fresh_machine_prints_the_summary(tmp_path):
     assert summary["ui"].startswith(f"http://localhost:{ui}/namespaces/default/workflows/demo-")
     assert "temporal" in summary["started"] and not summary["kept_running"]
     assert (tmp_path / "data" / "temporal.db").exists() and (tmp_path / "data" / "koi.db").exists()
+    # the run's report stays after the servers are gone: the JSON it printed and the Markdown
+    run_dir = tmp_path / "data" / "runs" / summary["cluster_id"]
+    assert summary["report"] == {"markdown": str(run_dir / "report.md"), "json": str(run_dir / "summary.json")}
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    md = (run_dir / "report.md").read_text()
+    assert md.startswith(f"# Koi run {summary['cluster_id']} — scenario demo") and "| 1 | committed | " in md
+    assert summary["next"][0]["command"] == "koi up" and f"koi plan replay 1 --cluster {summary['cluster_id']}" in md
     # it stopped what it started: nothing listens on its ports any more
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0

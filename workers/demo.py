@@ -9,7 +9,11 @@
    reaches their arrival times; ``--ticks`` planning ticks run;
 5. a summary: jobs admitted, goodput, $/token, TTFT/TPOT attainment, swaps, tick
    outcomes and times, and the UI address; then everything it started is stopped
-   (unless ``--keep-running``).
+   (unless ``--keep-running``);
+6. the run's report, written to ``KOI_DATA_DIR/runs/<cluster>/`` (``report.md``: the summary, each
+   job, each tick; ``summary.json``: the same document ``--json`` prints), and the commands that
+   look further (``koi ticks``, ``koi deploys``, ``koi plan replay``, ``koi why``; ``koi up`` serves
+   the UI again over the run's history, which the dev server keeps in ``KOI_DATA_DIR/temporal.db``).
 
 With ``--json`` the summary is one JSON document on stdout; progress goes to stderr.
 """
@@ -17,8 +21,10 @@ With ``--json`` the summary is one JSON document on stdout; progress goes to std
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from koi.config import Settings, get_settings
@@ -149,6 +155,8 @@ async def run_demo(
                 "kept_running": keep_running,
             }
         )
+        summary["next"] = next_commands(summary, keep_running=keep_running)
+        summary["report"] = write_report(summary, s.data_dir / "runs" / cid)
         return summary
     finally:
         stop.set()
@@ -160,6 +168,36 @@ async def run_demo(
         if server is not None and not keep_running:
             server.stop()
         runtime.engine.dispose()
+
+
+def next_commands(summary: dict[str, Any], *, keep_running: bool) -> list[dict[str, str]]:
+    """Where an operator looks after the summary (same ``KOI_DATA_DIR``), each a command and what it shows."""
+    cid = summary["cluster_id"]
+    out: list[dict[str, str]] = []
+    if not keep_running and "temporal" in summary.get("started", []):
+        out.append({"command": "koi up", "what": "the dev server again, over this run's history (the UI link)"})
+    out += [{"command": f"koi ticks --cluster {cid}", "what": "each tick's outcome, from the workflow"},
+            {"command": f"koi deploys --cluster {cid}", "what": "every launch, scale and teardown applied"}]
+    last = max((t["tick"] for t in summary.get("per_tick", [])), default=None)
+    if last is not None:
+        out.append({"command": f"koi plan replay {last} --cluster {cid}", "what": "why the last tick planned what it did"})
+    online = [j["job_id"] for j in summary.get("per_job", []) if j.get("class") == "online"]
+    if online:
+        out.append({"command": f"koi why job {online[0]} --cluster {cid}",
+                    "what": "the mechanisms behind a job's outcomes, with their evidence"})
+    return out
+
+
+def write_report(summary: dict[str, Any], run_dir: Path) -> dict[str, str]:
+    """``report.md`` and ``summary.json`` under ``run_dir``; returns their paths (also in the JSON)."""
+    from koi.pipeline.report import summary_markdown
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": str(run_dir / "report.md"), "json": str(run_dir / "summary.json")}
+    doc = {**summary, "report": paths}
+    Path(paths["json"]).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    Path(paths["markdown"]).write_text(summary_markdown(doc), encoding="utf-8")
+    return paths
 
 
 def render(summary: dict[str, Any]) -> None:
@@ -200,5 +238,12 @@ def render(summary: dict[str, Any]) -> None:
         for r in summary["per_job"]:
             jt.add_row(*["-" if r.get(c) is None else str(r.get(c)) for c in cols])
         console.print(jt)
+    if summary.get("report"):
+        console.print(f"report: [bold]{summary['report']['markdown']}[/] (and summary.json beside it)")
+    if summary.get("next"):
+        console.print("look further:")
+        width = max(len(c["command"]) for c in summary["next"])
+        for c in summary["next"]:
+            console.print(f"  {c['command']:<{width}}   # {c['what']}", markup=False, highlight=False)
     if summary.get("kept_running"):
         console.print("still running: the dev server and a worker (`koi down` stops them)")

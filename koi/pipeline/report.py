@@ -9,7 +9,12 @@ Figures (choices where the brief is vague):
 - **TTFT / TPOT attainment**: over online requests that ended (served or not; a request
   never served misses both), the fraction within the job's TTFT (TPOT) target;
 - **swaps**: swap actions in committed plans (a job moved to a new ladder);
-- **ticks**: outcomes and the mean wall time of a tick's stages (S0–S6, from the store).
+- **ticks**: outcomes and the mean wall time of a tick's stages (S0–S6, from the store); ``per_tick``
+  lists each tick's outcome, its reason (a fallback's or failure's), its wall time and the actions
+  of its plan when that plan was committed.
+
+:func:`summary_markdown` renders a summary as the Markdown report ``koi demo`` writes beside its
+JSON (``KOI_DATA_DIR/runs/<cluster>/``), so a run can be read after its servers are gone.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy.orm import Session
+from sqlmodel import select
 
 from koi.domain import JobClass
 
@@ -30,11 +36,14 @@ def summarize_run(session: Session, cluster_id: str, world: Any | None) -> dict[
     ticks = list_ticks(session, cluster_id)
     outcomes = Counter(t.status for t in ticks)
     totals = [float(t.timings.get("total", 0.0)) for t in ticks if t.timings]
-    committed = {
-        r.tick for r in session.query(PlanRow).filter(PlanRow.cluster_id == cluster_id, PlanRow.committed.is_(True))
-    }
+    committed = set(session.exec(
+        select(PlanRow.tick).where(PlanRow.cluster_id == cluster_id, PlanRow.committed.is_(True))
+    ))
     acts = [a for a in list_actions(session, cluster_id) if a.tick in committed]
     by_type = Counter(a.action_type for a in acts)
+    by_tick: dict[int, Counter] = {}
+    for a in acts:
+        by_tick.setdefault(a.tick, Counter())[a.action_type] += 1
     jobs = get_jobs(session, cluster_id)
     out: dict[str, Any] = {
         "cluster_id": cluster_id,
@@ -53,6 +62,12 @@ def summarize_run(session: Session, cluster_id: str, world: Any | None) -> dict[
         },
         "actions": dict(by_type),
         "swaps": by_type.get("swap", 0),
+        "per_tick": [
+            {"tick": t.tick, "status": t.status, "reason": t.reason or "",
+             "total_s": round(float(t.timings["total"]), 3) if t.timings and "total" in t.timings else None,
+             "actions": dict(sorted(by_tick.get(t.tick, Counter()).items()))}
+            for t in ticks
+        ],
     }
     if world is not None:
         out.update(world_figures(world))
@@ -117,3 +132,69 @@ def world_figures(world: Any) -> dict[str, Any]:
         "tpot_attainment": round(tpot_ok / online_n, 4) if online_n else None,
         "per_job": per_job,
     }
+
+
+def _cell(x: Any) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int) and abs(x) >= 10_000:
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:.4g}" if abs(x) < 1 else f"{x:,.2f}"
+    return str(x).replace("|", "\\|")
+
+
+def _pct(x: Any) -> str:
+    return "–" if x is None else f"{100 * float(x):.1f}%"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """The run's report in Markdown: the fleet's figures, each job, each tick, and where to look next.
+
+    Pure: everything comes from ``summary`` (what :func:`summarize_run` returned, plus the demo's
+    ``scenario``, ``ui`` and ``next`` — ``{command, what}`` pairs — when present).
+    """
+    tk, jb = summary["ticks"], summary["jobs"]
+    title = f"# Koi run {summary['cluster_id']}"
+    if summary.get("scenario"):
+        title += f" — scenario {summary['scenario']}"
+    lines = [title, ""]
+    rows: list[list[Any]] = [
+        ["ticks", f"{tk['total']} ({tk['committed']} committed, {tk['fallback']} fallback, {tk['failed']} failed)"],
+        ["time per tick (S0–S6)", f"mean {_cell(tk['mean_tick_s'])} s, max {_cell(tk['max_tick_s'])} s"],
+        ["jobs admitted", f"{jb['admitted']} of {jb['submitted']}"],
+    ]
+    if "goodput_tokens_per_s" in summary:
+        rq = summary["requests"]
+        rows += [
+            ["SLO goodput", f"{summary['goodput_tokens_per_s']:,.2f} output tokens/s"],
+            ["cost", f"${summary['cost_usd']:,.2f} (${_cell(summary['usd_per_mtok'])} per million output tokens)"],
+            ["TTFT attainment", _pct(summary["ttft_attainment"])],
+            ["TPOT attainment", _pct(summary["tpot_attainment"])],
+            ["requests", f"{rq['served']:,} served of {rq['ended']:,} ended ({rq['unfinished']:,} in flight)"],
+        ]
+    rows += [["swaps", summary["swaps"]],
+             ["actions", ", ".join(f"{k} {v}" for k, v in sorted(summary["actions"].items())) or "–"]]
+    if summary.get("ui"):
+        rows.append(["Temporal UI", summary["ui"]])
+    lines += _table(["", ""], rows)
+    if summary.get("per_job"):
+        cols = ["job_id", "class", "served", "ended", "output_tokens", "p99_ttft_ms", "p99_tpot_ms",
+                "ttft_attainment", "tpot_attainment", "deadline_met"]
+        body = [[r.get(c) if "attainment" not in c else _pct(r.get(c)) for c in cols] for r in summary["per_job"]]
+        lines += ["", "## Jobs", "", *_table(cols, body)]
+    if summary.get("per_tick"):
+        body = [[t["tick"], t["status"], t["total_s"], ", ".join(f"{k} {v}" for k, v in t["actions"].items()) or "–",
+                 t["reason"] or "–"] for t in summary["per_tick"]]
+        lines += ["", "## Ticks", "", *_table(["tick", "outcome", "seconds", "actions (committed)", "reason"], body)]
+    if summary.get("next"):
+        lines += ["", "## Where to look next", ""] + [f"- `{c['command']}`: {c['what']}" for c in summary["next"]]
+    return "\n".join(lines) + "\n"
