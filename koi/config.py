@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     llm_price_per_mtok_out: float = 0.0
     llm_max_tokens: int | None = Field(default=None, ge=64, description="cap on a reply's tokens (RLM turns, "
                                        "specialists, the LLM-only planner); default: each planner's own")
+    llm_response_format: Literal["none", "json_schema", "json_object"] = Field(
+        default="none", description="the LLM-only planner's decoding: free text, or constrained to the plan's JSON "
+                                    "Schema in the OpenAI (json_schema) or llama-cpp-python (json_object) form")
     rlm_max_turns: int | None = Field(default=None, ge=1, le=512, description="K_MAX, turns per trajectory "
                                       "(Appendix B: 64)")
     rlm_timeout_s: float | None = Field(default=None, gt=0, description="wall clock per trajectory (default 240 s)")

@@ -287,7 +287,7 @@ def test_the_llm_rows_through_the_cli_record_their_model_and_a_changed_model_is_
             res = CliRunner().invoke(app, args)
             assert res.exit_code == 0, res.output
             out = " ".join(res.output.split())
-            assert "made with another model or caps (llm-only seed 0: model-a)" in out
+            assert "made with another model, caps or decoding (llm-only seed 0: model-a)" in out
             assert "language models: whose plans" in out and "2/2 (100%)" in out  # the console's table
             assert len(srv.requests) == 2  # nothing recomputed
             monkeypatch.setenv("KOI_LLM_MODEL", "model-a")
@@ -296,6 +296,56 @@ def test_the_llm_rows_through_the_cli_record_their_model_and_a_changed_model_is_
             res = CliRunner().invoke(app, args)
             out = " ".join(res.output.split())
             assert "(llm-only seed 0: max_tokens 8192 (now 512))" in out and "model-a)" not in out
+            monkeypatch.delenv("KOI_LLM_MAX_TOKENS")
+            monkeypatch.setenv("KOI_LLM_RESPONSE_FORMAT", "json_schema")  # the same model, constrained decoding
+            get_settings.cache_clear()
+            res = CliRunner().invoke(app, args)
+            out = " ".join(res.output.split())
+            assert "(llm-only seed 0: decoding none (now json_schema))" in out and "max_tokens" not in out
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+
+
+def test_llm_only_with_constrained_decoding_sends_the_ticks_schema_and_records_it(tiny, tmp_path, monkeypatch):
+    """KOI_LLM_RESPONSE_FORMAT=json_object: every request carries the plan's schema for that tick (its jobs, its
+    pools), a bare JSON reply (no fence, as a grammar-constrained server answers) is the model's plan, and the
+    row says how the replies were decoded."""
+    import jsonschema
+    from fakes.openai_server import FakeOpenAIServer
+    from typer.testing import CliRunner
+
+    from koi.bench.runner import load
+    from koi.cli import app
+    from koi.config import get_settings
+
+    jobs = {j.job.job_id for j in load(tiny)[0].jobs}
+
+    def respond(messages, body):
+        schema = body["response_format"]["schema"]
+        plan = {"actions": []}
+        jsonschema.validate(plan, schema)
+        return json.dumps(plan)
+
+    args = ["bench", "run", "--scenario", str(tiny), "--policies", "llm-only", "--seeds", "1", "--hours", str(HOURS),
+            "--jobs", "1", "--cache-dir", str(tmp_path), "--json"]
+    try:
+        with FakeOpenAIServer(responder=respond) as srv:
+            monkeypatch.setenv("KOI_LLM_BASE_URL", srv.url)
+            monkeypatch.setenv("KOI_LLM_MODEL", "model-a")
+            monkeypatch.setenv("KOI_LLM_RESPONSE_FORMAT", "json_object")
+            get_settings.cache_clear()
+            res = CliRunner().invoke(app, args)
+            assert res.exit_code == 0, res.output
+            row = json.loads(res.stdout)["report"]["policies"]["llm-only"]
+            assert row["llm"]["decoding"] == "json_object" and row["llm"]["model_plans"] == row["llm"]["ticks"] == 2
+            assert len(srv.requests) == 2
+            for r in srv.requests:
+                fmt = r["body"]["response_format"]
+                assert fmt["type"] == "json_object"
+                enum = fmt["schema"]["properties"]["actions"]["items"]["properties"]["job_id"]["enum"]
+                assert enum and set(enum) <= jobs
+            assert "model-a (json_object)" in (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()

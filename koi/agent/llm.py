@@ -131,6 +131,7 @@ class ChatModel(Protocol):
         temperature: float = 0.0,
         max_tokens: int = 2048,
         seed: int | None = None,
+        response_format: dict[str, Any] | None = None,
     ) -> ChatReply: ...
 
 
@@ -169,6 +170,7 @@ class OpenAIChatModel:
         temperature: float = 0.0,
         max_tokens: int = 2048,
         seed: int | None = None,
+        response_format: dict[str, Any] | None = None,
     ) -> ChatReply:
         import openai
 
@@ -179,6 +181,8 @@ class OpenAIChatModel:
                                   "max_tokens": max_tokens}
         if seed is not None:
             kwargs["seed"] = seed
+        if response_format is not None:  # structured outputs (koi.agent.plan_schema)
+            kwargs["response_format"] = response_format
         try:
             resp = self._client.chat.completions.create(**kwargs)
         except openai.OpenAIError as exc:
@@ -206,7 +210,7 @@ class CallableChatModel:
     """A model that is a Python function of the conversation (scripted policies, benches).
 
     ``responder(messages, meta)`` returns the reply text; ``meta`` holds ``temperature``,
-    ``max_tokens`` and ``seed``. Tokens are estimated (chars / 4) and flagged.
+    ``max_tokens``, ``seed`` and ``response_format``. Tokens are estimated (chars / 4) and flagged.
     """
 
     def __init__(self, responder: Responder, name: str = "scripted", *, system_role: bool = True) -> None:
@@ -221,10 +225,12 @@ class CallableChatModel:
         temperature: float = 0.0,
         max_tokens: int = 2048,
         seed: int | None = None,
+        response_format: dict[str, Any] | None = None,
     ) -> ChatReply:
         msgs = list(messages) if self.system_role else fold_system(messages)
         t0 = time.monotonic()
-        content = self.responder(msgs, {"temperature": temperature, "max_tokens": max_tokens, "seed": seed})
+        content = self.responder(msgs, {"temperature": temperature, "max_tokens": max_tokens, "seed": seed,
+                                        "response_format": response_format})
         return ChatReply(content=content, prompt_tokens=sum(estimate_tokens(m.content) for m in msgs),
                          completion_tokens=estimate_tokens(content), estimated=True, model=self.name,
                          finish_reason="stop", latency_s=time.monotonic() - t0)

@@ -33,6 +33,9 @@ class LlmUse(KoiModel):
                                                        "deterministic anchor for the RLM planner)")
     caps: dict[str, float] = Field(default_factory=dict, description="the bounds the planner ran under (its "
                                                                      "last report's; across runs, the agreed ones)")
+    decoding: str = Field(default="", description="how the LLM-only planner's replies were decoded: none (free "
+                                                 "text), json_schema or json_object (constrained to the plan's "
+                                                 "schema); empty for the RLM planner")
     usage: Usage = Field(default_factory=Usage)
 
     @property
@@ -42,7 +45,8 @@ class LlmUse(KoiModel):
     def merge(self, other: LlmUse) -> LlmUse:
         names = sorted({n for n in (self.model, other.model) if n})
         agreed = {k: v for k, v in self.caps.items() if other.caps.get(k) == v}
-        return LlmUse(model=",".join(names), caps=agreed, ticks=self.ticks + other.ticks,
+        decodings = sorted({d for d in (self.decoding, other.decoding) if d})
+        return LlmUse(model=",".join(names), caps=agreed, decoding=",".join(decodings), ticks=self.ticks + other.ticks,
                       model_plans=self.model_plans + other.model_plans,
                       fallback_plans=self.fallback_plans + other.fallback_plans, usage=self.usage.merge(other.usage))
 
@@ -58,7 +62,7 @@ def _attempt(stage: str, prefix: str) -> int | None:
 def tick_llm_use(rows: list[Any]) -> LlmUse | None:
     """One tick's use from its stage-output rows (anything with ``stage`` and ``payload``); None if no report."""
     usage = Usage()
-    last: tuple[int, bool, str, dict[str, float]] | None = None  # (attempt, the model's plan?, model, caps)
+    last: tuple[int, bool, str, dict[str, float], str] | None = None  # (attempt, model's plan?, model, caps, decoding)
     for row in rows:
         stage, payload = str(row.stage), row.payload or {}
         if not isinstance(payload, dict):
@@ -78,10 +82,11 @@ def tick_llm_use(rows: list[Any]) -> LlmUse | None:
                 caps = payload.get("caps")
                 last = (k, mine, str(payload.get("model") or ""),
                         {str(c): float(v) for c, v in caps.items() if isinstance(v, int | float)}
-                        if isinstance(caps, dict) else {})
+                        if isinstance(caps, dict) else {},
+                        str(payload.get("decoding") or "") if prefix == "S4_llm" else "")
     if last is None:
         return None
-    return LlmUse(model=last[2], caps=last[3], ticks=1, model_plans=int(last[1]), fallback_plans=int(not last[1]), usage=usage)
+    return LlmUse(model=last[2], caps=last[3], decoding=last[4], ticks=1, model_plans=int(last[1]), fallback_plans=int(not last[1]), usage=usage)
 
 
 def run_llm_use(session: Any, cluster_id: str, n_ticks: int) -> LlmUse | None:

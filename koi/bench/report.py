@@ -123,7 +123,10 @@ def llm_rows(rows: Sequence[PolicyRow]) -> list[dict[str, str]]:
             continue
         n = max(r.llm_runs, 1)
         per_call = u.usage.latency_s / u.usage.calls if u.usage.calls else 0.0
-        vals = [_label(r), u.model or "?", str(r.llm_runs), f"{u.model_plans}/{u.ticks} ({100 * u.model_share:.0f}%)",
+        model = u.model or "?"
+        if u.decoding and u.decoding != "none":
+            model += f" ({u.decoding})"
+        vals = [_label(r), model, str(r.llm_runs), f"{u.model_plans}/{u.ticks} ({100 * u.model_share:.0f}%)",
                 f"{u.usage.calls} ({u.usage.failed_calls})", f"{u.usage.prompt_tokens / n:,.0f}",
                 f"{u.usage.completion_tokens / n:,.0f}", f"{u.usage.cost_usd / n:.4f}", f"{per_call:.1f}"]
         out.append(dict(zip(LLM_COLS, vals, strict=True)))

@@ -312,8 +312,8 @@ def _print_table(rep: Any) -> None:
 
 
 def _other_llm(cached: list[Any], hits: dict[Any, Any]) -> set[str]:
-    """Cached LLM runs made with another model than ``KOI_LLM_MODEL``, or other caps than the settings give
-    (the cache key has neither)."""
+    """Cached LLM runs made with another model than ``KOI_LLM_MODEL``, other caps than the settings give, or
+    (LLM-only) another ``KOI_LLM_RESPONSE_FORMAT`` — the cache key has none of them."""
     from koi.bench.policies.llm import configured_caps
     from koi.bench.policy import get_policy
     from koi.config import get_settings
@@ -326,6 +326,8 @@ def _other_llm(cached: list[Any], hits: dict[Any, Any]) -> set[str]:
             continue
         if llm.model and settings.llm_model and llm.model != settings.llm_model:
             out.add(f"{s.policy} seed {s.seed}: {llm.model}")
+        if s.policy == "llm-only" and (llm.decoding or "none") != settings.llm_response_format:
+            out.add(f"{s.policy} seed {s.seed}: decoding {llm.decoding or 'none'} (now {settings.llm_response_format})")
         now = configured_caps(s.policy, settings)
         diff = [f"{k} {v:g} (now {now[k]:g})" for k, v in sorted(llm.caps.items()) if k in now and now[k] != v]
         if diff:
@@ -381,7 +383,7 @@ def run(
         err_console.print(f"[yellow]{len(stale)} cached run(s) were made by other code; --fresh recomputes them[/]")
     other_llm = _other_llm(cached, hits)
     if other_llm and not json_out:
-        err_console.print(f"[yellow]cached language-model run(s) made with another model or caps "
+        err_console.print(f"[yellow]cached language-model run(s) made with another model, caps or decoding "
                           f"({'; '.join(sorted(other_llm))}); --fresh recomputes them[/]")
     show = not json_out and sys.stderr.isatty() or os.environ.get("KOI_PROGRESS") == "1"
     if not json_out:

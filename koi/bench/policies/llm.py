@@ -18,7 +18,10 @@ failure gives keep/defer for everyone. Jobs the plan omits keep (running) or def
 Then S5 validates it like any plan (an invalid action is reverted, a wrongly deferred job
 admitted — the same net for all). Temperature 0, the endpoint's ``seed`` from the run seed.
 Token use and dollars are stored per tick as the stage output ``S4_llm/a<attempt>`` (the same
-:class:`koi.agent.llm.Usage` the RLM reports carry). No PerfDB, S2/S3 off: it learns nothing
+:class:`koi.agent.llm.Usage` the RLM reports carry). With ``KOI_LLM_RESPONSE_FORMAT`` (or option
+``response_format``) set to ``json_schema`` or ``json_object`` the endpoint decodes under the plan's
+JSON Schema for this tick (:mod:`koi.agent.plan_schema`), on both turns; the prompt is unchanged, so
+the two rows differ only in how the reply is decoded. The run records which (``decoding``). No PerfDB, S2/S3 off: it learns nothing
 (what it sees of the past is the current deployments in the snapshot).
 
 ``koi-llm`` — "Koi with LLM": :class:`koi.agent.planner.RlmProposer` with the configured model
@@ -33,6 +36,7 @@ import json
 from typing import Any
 
 from koi import catalog
+from koi.agent.plan_schema import plan_schema, response_format
 from koi.bench.policies._common import PolicyProposer
 from koi.bench.policies.koi_variants import rlm_config
 from koi.bench.policy import BenchContext, Family, PolicySpec, register
@@ -164,6 +168,8 @@ class LlmOnly(PolicyProposer):
         self.settings = get_settings()
         self._model = self.option("llm_model", None)
         self.max_tokens = int(self.option("max_tokens", configured_caps(self.policy, self.settings)["max_tokens"]))
+        self.decoding = str(self.option("response_format", self.settings.llm_response_format))
+        response_format(self.decoding, {})  # an unknown format fails here, before any tick
 
     def model(self) -> Any:
         if self._model is None:
@@ -188,10 +194,12 @@ class LlmOnly(PolicyProposer):
         messages = [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)]
         metered = MeteredModel(self.model(), self.settings.llm_price_per_mtok_in, self.settings.llm_price_per_mtok_out)
         seed = self.llm_seed(ctx)
+        fmt = response_format(self.decoding, plan_schema(snap)) if self.decoding != "none" else None
         plan: Plan | None = None
         problems: list[str] = []
         for turn in range(2):
-            reply = metered.complete(messages, temperature=0.0, max_tokens=self.max_tokens, seed=seed)
+            reply = metered.complete(messages, temperature=0.0, max_tokens=self.max_tokens, seed=seed,
+                                     response_format=fmt)
             raw = extract_plan_json(reply.content)
             try:
                 if raw is None:
@@ -218,6 +226,7 @@ class LlmOnly(PolicyProposer):
 
         save_stage_output(ctx.session, ctx.cluster_id, ctx.tick, f"S4_llm/a{ctx.attempt}",
                           {"policy": self.policy, "model": model, "caps": {"max_tokens": self.max_tokens},
+                           "decoding": self.decoding,
                            "status": status, "problems": problems[:20],
                            "usage": usage.model_dump(mode="json")},
                           input_digest=digest({"attempt": ctx.attempt}))

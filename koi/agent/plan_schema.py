@@ -1,0 +1,108 @@
+"""The plan reply as a JSON Schema, for endpoints that constrain decoding to one (structured outputs).
+
+A model that writes the plan as free text must get the JSON right by itself; a small one does not
+(SmolLM2-135M wrote no parseable plan in 36 ticks). OpenAI-compatible servers can instead decode
+under a grammar built from a schema, so every reply is a JSON object of the plan's shape:
+
+- ``json_schema`` — ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``, the
+  OpenAI structured-outputs form (OpenAI, vLLM, SGLang, llama.cpp's ``llama-server``);
+- ``json_object`` — ``{"type": "json_object", "schema": ...}``, JSON mode with the schema beside it,
+  the form llama-cpp-python's server reads (it ignores ``json_schema``);
+- ``none`` — free text, the plan found in the reply by :func:`koi.bench.policies.llm.extract_plan_json`.
+
+The schema is built per tick from the snapshot, so the grammar itself rules out what the parser
+or C0 would reject by name: a job id not in the snapshot, an action type, a rank on no pool (an
+environment with another pool's instance type), a TP wider than the pool's instance. What it cannot
+say — capacity, memory, TP dividing the heads, whether a job is active or pending — stays with
+:func:`koi.agent.parse.parse_plan` and S5, as for every planner.
+
+Choices where the spec is vague (it defines the plan JSON, not a schema for it):
+- Only what a plan needs: ``actions[]`` of ``{job_id, type, ladder}``, a rank ``{env, config:
+  {instance_type, tp, pp}, n_replicas}``. The rationale fields, ``target_tps``, ``mechanism_id``,
+  ``budget_ref`` are left out: a reply capped at a few hundred tokens should spend them on actions.
+  Keep and defer carry ``"ladder": []`` (strict mode wants every property present; the parser reads
+  ``[]`` as no ladder).
+- Every object is closed (``additionalProperties: false``) and lists every property as required, as
+  OpenAI's strict mode demands. A rank is one of the pools (``anyOf``, one branch per environment
+  and instance type: ``env`` that pool's ``[market, cloud, region, zone, gpu]``, ``instance_type``
+  its shape, ``tp`` a power of two up to its GPUs per instance), so the grammar cannot pair an
+  environment with another pool's instance type — the most common error of a small model writing
+  free text. At most ``MAX_RANKS`` ranks a ladder and ``MAX_REPLICAS`` replicas a rank, at most one
+  action per job (``maxItems``; duplicates are the parser's to refuse).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from koi.domain import ClusterSnapshot
+
+ResponseFormat = Literal["none", "json_schema", "json_object"]
+RESPONSE_FORMATS: tuple[str, ...] = ("none", "json_schema", "json_object")
+ACTION_TYPES = ("place", "keep", "swap", "defer")
+MAX_RANKS = 2
+MAX_REPLICAS = 64
+SCHEMA_NAME = "koi_plan"
+
+
+def _divisors_up_to(n: int) -> list[int]:
+    return [d for d in (1, 2, 4, 8, 16) if d <= max(n, 1)]
+
+
+def _rank_for_pool(env: list[str], instance_type: str, gpus: int) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["env", "config", "n_replicas"],
+        "properties": {
+            "env": {"type": "array", "enum": [env]},
+            "config": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["instance_type", "tp", "pp"],
+                "properties": {
+                    "instance_type": {"type": "string", "enum": [instance_type]},
+                    "tp": {"type": "integer", "enum": _divisors_up_to(gpus)},
+                    "pp": {"type": "integer", "enum": [1, 2, 4]},
+                },
+            },
+            "n_replicas": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS},
+        },
+    }
+
+
+def plan_schema(snapshot: ClusterSnapshot) -> dict[str, Any]:
+    """The JSON Schema of a plan for this tick's snapshot (see the module docstring)."""
+    variants: dict[tuple[str, ...], dict[str, Any]] = {}
+    for p in sorted(snapshot.resources.pools, key=lambda p: p.pool_id):
+        env = [p.env.market.value, p.env.cloud, p.env.region, p.env.zone, p.env.gpu_type]
+        variants.setdefault((*env, p.instance_type), _rank_for_pool(env, p.instance_type, p.gpus_per_instance))
+    rank = {"anyOf": list(variants.values())} if variants else {"type": "object"}
+    jobs = sorted(js.job.job_id for js in snapshot.jobs)
+    action = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["job_id", "type", "ladder"],
+        "properties": {
+            "job_id": {"type": "string", "enum": jobs},
+            "type": {"type": "string", "enum": list(ACTION_TYPES)},
+            "ladder": {"type": "array", "maxItems": MAX_RANKS, "items": rank},
+        },
+    }
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["actions"],
+        "properties": {"actions": {"type": "array", "maxItems": max(len(jobs), 1), "items": action}},
+    }
+
+
+def response_format(kind: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+    """The chat-completions ``response_format`` for ``kind`` (None for free text)."""
+    if kind == "none":
+        return None
+    if kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": True}}
+    if kind == "json_object":
+        return {"type": "json_object", "schema": schema}
+    raise ValueError(f"unknown response format {kind!r}; expected one of {', '.join(RESPONSE_FORMATS)}")

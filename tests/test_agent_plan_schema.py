@@ -1,0 +1,91 @@
+"""The plan's JSON Schema for constrained decoding: what it admits parses, what the parser refuses by name it refuses."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonschema
+import pytest
+
+from koi.agent import demo
+from koi.agent.parse import PlanParseError, parse_plan
+from koi.agent.plan_schema import plan_schema, response_format
+
+
+@pytest.fixture(scope="module")
+def snap():
+    return demo.backend().snapshot
+
+
+def _env(p):
+    return [p.env.market.value, p.env.cloud, p.env.region, p.env.zone, p.env.gpu_type]
+
+
+def a_plan(snap):
+    """Keep the active job, place each pending one on the H100 pool, a whole instance per replica."""
+    pool = next(p for p in snap.resources.pools if p.env.gpu_type == "H100")
+    rank = {"env": _env(pool), "config": {"instance_type": pool.instance_type, "tp": 8, "pp": 1}, "n_replicas": 1}
+    return {"actions": [
+        {"job_id": js.job.job_id, "type": "keep" if js.status.value == "active" else "place",
+         "ladder": [] if js.status.value == "active" else [rank]}
+        for js in sorted(snap.jobs, key=lambda js: js.job.job_id)
+    ]}
+
+
+def test_the_schema_names_the_snapshots_jobs_and_pools(snap):
+    s = plan_schema(snap)
+    action = s["properties"]["actions"]["items"]
+    branches = action["properties"]["ladder"]["items"]["anyOf"]
+    assert action["properties"]["job_id"]["enum"] == sorted(js.job.job_id for js in snap.jobs)
+    # one rank shape per pool: its environment with its own instance type, TP up to its GPUs per instance
+    got = {(tuple(b["properties"]["env"]["enum"][0]), b["properties"]["config"]["properties"]["instance_type"]["enum"][0],
+            max(b["properties"]["config"]["properties"]["tp"]["enum"])) for b in branches}
+    assert got == {(tuple(_env(p)), p.instance_type, p.gpus_per_instance) for p in snap.resources.pools}
+    assert s["properties"]["actions"]["maxItems"] == len(snap.jobs)
+    # strict mode: every object closed, every property required
+    for obj in (s, action, *branches, *(b["properties"]["config"] for b in branches)):
+        assert obj["additionalProperties"] is False and sorted(obj["required"]) == sorted(obj["properties"])
+
+
+def test_a_plan_the_schema_admits_parses_into_the_ticks_actions(snap):
+    reply = a_plan(snap)
+    jsonschema.validate(reply, plan_schema(snap))
+    plan = parse_plan(json.dumps(reply), snap, proposer="llm-only")
+    assert {a.job_id: a.type.value for a in plan.actions} == {"batch-8b": "place", "chat-70b": "place", "chat-8b": "keep"}
+    keep = next(a for a in plan.actions if a.type.value == "keep")
+    assert keep.ladder is None  # "ladder": [] is no ladder
+    placed = next(a for a in plan.actions if a.job_id == "chat-70b")
+    assert placed.ladder.ranks[0].config.tp == 8 and placed.ladder.ranks[0].env.gpu_type == "H100"
+
+
+@pytest.mark.parametrize("mutate, refused_by_parser", [
+    (lambda p: p["actions"][0].update(job_id="no-such-job"), True),
+    (lambda p: p["actions"][0].update(type="migrate"), True),
+    (lambda p: p["actions"][1]["ladder"][0].update(env=["spot", "aws", "mars-1", "x", "H100"]), False),
+    (lambda p: p["actions"][1]["ladder"][0]["config"].update(tp=3), False),
+    (lambda p: p["actions"][1]["ladder"][0]["config"].update(instance_type="g5.12xlarge"), False),  # another pool's
+    (lambda p: p["actions"][1]["ladder"][0].update(n_replicas=0), True),
+    (lambda p: p.update(tick_rationale="free text costs tokens"), False),
+    (lambda p: p["actions"][0].pop("ladder"), False),
+])
+def test_what_the_schema_refuses(snap, mutate, refused_by_parser):
+    """Each mutation leaves the schema; those the parser also names are refused there too (the grammar
+    rules them out before a token is spent); the rest are left to S5 or are harmless to the parser."""
+    bad = copy.deepcopy(a_plan(snap))
+    mutate(bad)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, plan_schema(snap))
+    if refused_by_parser:
+        with pytest.raises(PlanParseError):
+            parse_plan(json.dumps(bad), snap)
+
+
+def test_the_two_wire_forms(snap):
+    s = plan_schema(snap)
+    assert response_format("none", s) is None
+    assert response_format("json_schema", s) == {"type": "json_schema",
+                                                 "json_schema": {"name": "koi_plan", "schema": s, "strict": True}}
+    assert response_format("json_object", s) == {"type": "json_object", "schema": s}
+    with pytest.raises(ValueError, match="unknown response format 'grammar'"):
+        response_format("grammar", s)
