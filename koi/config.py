@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     llm_price_per_mtok_out: float = 0.0
     llm_max_tokens: int | None = Field(default=None, ge=64, description="cap on a reply's tokens (RLM turns, "
                                        "specialists, the LLM-only planner); default: each planner's own")
+    llm_timeout_s: float = Field(default=120.0, gt=0, description="one chat completion's HTTP timeout (the client "
+                                 "retries twice); a CPU-served model answering a whole fleet's prompt needs more")
     llm_response_format: Literal["none", "json_schema", "json_object"] = Field(
         default="none", description="the LLM-only planner's decoding: free text, or constrained to the plan's JSON "
                                     "Schema in the OpenAI (json_schema) or llama-cpp-python (json_object) form")

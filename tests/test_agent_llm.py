@@ -54,6 +54,20 @@ def test_errors_are_retried_by_the_client_then_raised():
         assert m.usage.failed_calls == 1
 
 
+def test_the_settings_timeout_bounds_a_call_and_structured_output_reaches_the_endpoint():
+    late = {"content": '{"actions": []}', "delay_s": 1.0}
+    with FakeOpenAIServer(responder=lambda messages, body: late) as srv:
+        with pytest.raises(LLMError, match="Timeout"):
+            OpenAIChatModel.from_settings(Settings(llm_base_url=srv.url, llm_model="m", llm_timeout_s=0.2)).complete(MSGS)
+        assert len(srv.requests) == 3  # the client's two retries, each cut at the timeout
+        fmt = {"type": "json_object", "schema": {"type": "object"}}
+        model = OpenAIChatModel.from_settings(Settings(llm_base_url=srv.url, llm_model="m", llm_timeout_s=10))
+        assert model.complete(MSGS, response_format=fmt).content == '{"actions": []}'
+        assert srv.requests[-1]["body"]["response_format"] == fmt
+        model.complete(MSGS)
+        assert "response_format" not in srv.requests[-1]["body"]  # free text unless asked
+
+
 def test_from_settings_needs_an_endpoint():
     with pytest.raises(LLMError):
         OpenAIChatModel.from_settings(Settings(llm_base_url=None, llm_model=None))

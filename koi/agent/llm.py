@@ -161,7 +161,7 @@ class OpenAIChatModel:
         if not settings.llm_base_url or not settings.llm_model:
             raise LLMError("the RLM planner needs KOI_LLM_BASE_URL and KOI_LLM_MODEL")
         return cls(settings.llm_base_url, settings.llm_model, settings.llm_api_key,
-                   system_role=settings.llm_system_role)
+                   system_role=settings.llm_system_role, timeout_s=settings.llm_timeout_s)
 
     def complete(
         self,
