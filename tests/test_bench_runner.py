@@ -532,3 +532,16 @@ def test_the_parallel_runner_starts_the_costliest_runs_first():
     assert order[:2] == [("koi", 0), ("koi", 1)] and order[-4:] == [("fcfs", 0), ("fcfs", 1), ("milp", 0), ("milp", 1)]
     costs = [get_policy(p).relative_cost for p, _ in order]
     assert costs == sorted(costs, reverse=True)
+
+
+def test_a_runs_code_digest_is_read_when_the_run_starts(tiny, tmp_path):
+    """The digest names the code the run imported: read before the first tick (an edit made during a
+    long run is not credited to it)."""
+    from koi.bench.cache import code_digest
+
+    code_digest.cache_clear()
+    cached_at_tick: list[int] = []
+    res = run_one(tiny, DET, 5, hours=HOURS, cache_dir=tmp_path,
+                  on_tick=lambda done, total: cached_at_tick.append(code_digest.cache_info().currsize))
+    assert cached_at_tick and cached_at_tick[0] == 1
+    assert res.meta.code_digest == code_digest()

@@ -106,6 +106,10 @@ def scenario_digest(scenario: Any) -> str:
 def code_digest() -> str:
     """sha256 (16 hex) of every source and data file of the ``koi`` package (``*.py``, ``*.yaml``).
 
+    Read once per process (:func:`koi.bench.runner.run_one` calls it before its first run starts, so
+    an edit made while a long run is going is not credited to that run; a process runs the code it
+    imported).
+
     Not part of the cache key (the key is the scenario, policy, seed and horizon): a run made by
     other code is still found, and reported as such, so a stale cache is visible (``--fresh``
     recomputes).

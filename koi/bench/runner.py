@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
-from koi.bench.cache import JobInfo, RunCache, RunKey, RunMeta, RunResult, scenario_digest
+from koi.bench.cache import JobInfo, RunCache, RunKey, RunMeta, RunResult, code_digest, scenario_digest
 from koi.bench.evaluator import EvalInputs, Metrics, TickTrace, evaluate
 from koi.bench.policy import BenchContext, Family, PolicySpec, get_policy
 from koi.domain import ActionType, DeploymentState, Job, JobClass
@@ -282,7 +282,6 @@ def assemble(
     """The run's result from the store (plans, outcomes, learning state as of each tick), the
     per-tick world views and the final world (records, cost, events)."""
     from koi import __version__
-    from koi.bench.cache import code_digest
     from koi.bench.llm_use import run_llm_use
     from koi.domain import ClusterSnapshot
     from koi.store import Stage, digest, get_plan, get_plan_row, list_ticks, load_stage_model, session_scope
@@ -542,6 +541,7 @@ def run_one(
             if on_tick is not None:
                 on_tick(n_ticks, n_ticks)
             return hit
+    code_digest()  # read the sources now, as the run starts on them (cached per process), not when it ends
     result, records = execute(sc, path, spec, key, seed, n_ticks=n_ticks, tick_s=tick_s, cache=cache,
                               cluster_id=cluster_id or default_cluster_id(spec.name, seed), on_tick=on_tick,
                               keep_store=keep_store, options=options, s2=s2)  # fmt: skip
