@@ -21,8 +21,9 @@ Token use and dollars are stored per tick as the stage output ``S4_llm/a<attempt
 :class:`koi.agent.llm.Usage` the RLM reports carry). With ``KOI_LLM_RESPONSE_FORMAT`` (or option
 ``response_format``) set to ``json_schema`` or ``json_object`` the endpoint decodes under the plan's
 JSON Schema for this tick (:mod:`koi.agent.plan_schema`), on both turns; the prompt is unchanged, so
-the two rows differ only in how the reply is decoded. The run records which (``decoding``). No PerfDB, S2/S3 off: it learns nothing
-(what it sees of the past is the current deployments in the snapshot).
+the two rows differ only in how the reply is decoded. The run records which (``decoding``).
+No PerfDB, S2/S3 off: it learns nothing (what it sees of the past is the current deployments in the
+snapshot).
 
 ``koi-llm`` — "Koi with LLM": :class:`koi.agent.planner.RlmProposer` with the configured model
 (sandboxed REPL, the deterministic tools, specialists, the selection with the deterministic plan
@@ -36,7 +37,7 @@ import json
 from typing import Any
 
 from koi import catalog
-from koi.agent.plan_schema import plan_schema, response_format
+from koi.agent.plan_schema import RESPONSE_FORMATS, plan_schema, response_format
 from koi.bench.policies._common import PolicyProposer
 from koi.bench.policies.koi_variants import rlm_config
 from koi.bench.policy import BenchContext, Family, PolicySpec, register
@@ -169,7 +170,8 @@ class LlmOnly(PolicyProposer):
         self._model = self.option("llm_model", None)
         self.max_tokens = int(self.option("max_tokens", configured_caps(self.policy, self.settings)["max_tokens"]))
         self.decoding = str(self.option("response_format", self.settings.llm_response_format))
-        response_format(self.decoding, {})  # an unknown format fails here, before any tick
+        if self.decoding not in RESPONSE_FORMATS:  # fail before the first tick, not inside one
+            raise ValueError(f"unknown response format {self.decoding!r}; expected one of {', '.join(RESPONSE_FORMATS)}")
 
     def model(self) -> Any:
         if self._model is None:
@@ -194,7 +196,7 @@ class LlmOnly(PolicyProposer):
         messages = [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)]
         metered = MeteredModel(self.model(), self.settings.llm_price_per_mtok_in, self.settings.llm_price_per_mtok_out)
         seed = self.llm_seed(ctx)
-        fmt = response_format(self.decoding, plan_schema(snap)) if self.decoding != "none" else None
+        fmt = response_format(self.decoding, plan_schema(snap)) if self.decoding != "none" else None  # no schema built for free text
         plan: Plan | None = None
         problems: list[str] = []
         for turn in range(2):
