@@ -257,10 +257,11 @@ def test_bench_run_in_two_processes_then_from_the_cache(tiny, tmp_path, monkeypa
     assert doc2["report"]["policies"] == doc["report"]["policies"]
 
 
-def test_the_llm_rows_through_the_cli_record_their_model_and_a_changed_model_is_flagged(tiny, tmp_path, monkeypatch):
+def test_the_llm_rows_through_the_cli_record_their_model_and_another_model_is_another_run(tiny, tmp_path, monkeypatch):
     """`koi bench run --policies llm-only` against an OpenAI-compatible server on loopback: the row says
-    which model planned and how many ticks were its plans; a later call configured with another model
-    finds the run cached (the key has no model) and says it was made with the first."""
+    which model planned and how many ticks were its plans. The model, the reply cap and the decoding
+    are part of the run's key: a call configured with another one runs again (both runs stay cached),
+    the report reads the current setup's run, and going back to the first model finds it cached."""
     from fakes.openai_server import FakeOpenAIServer
     from typer.testing import CliRunner
 
@@ -269,39 +270,47 @@ def test_the_llm_rows_through_the_cli_record_their_model_and_a_changed_model_is_
 
     plan = '```json\n{"tick_rationale": "wait and see", "actions": []}\n```'
     args = ["bench", "run", "--scenario", str(tiny), "--policies", "llm-only", "--seeds", "1", "--hours", str(HOURS),
-            "--jobs", "1", "--cache-dir", str(tmp_path)]
+            "--jobs", "1", "--cache-dir", str(tmp_path), "--json"]
+
+    def run_with(**env: str) -> dict:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        get_settings.cache_clear()
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)
+
     try:
         with FakeOpenAIServer(responder=lambda messages, body: plan) as srv:
             monkeypatch.setenv("KOI_LLM_BASE_URL", srv.url)
-            monkeypatch.setenv("KOI_LLM_MODEL", "model-a")
-            get_settings.cache_clear()
-            res = CliRunner().invoke(app, [*args, "--json"])
-            assert res.exit_code == 0, res.output
-            row = json.loads(res.stdout)["report"]["policies"]["llm-only"]
+            doc = run_with(KOI_LLM_MODEL="model-a")
+            row = doc["report"]["policies"]["llm-only"]
             assert row["llm"]["model"] == "model-a" and row["llm"]["model_plans"] == row["llm"]["ticks"] == 2
             assert row["llm"]["usage"]["calls"] == len(srv.requests) == 2
             assert row["llm"]["caps"] == {"max_tokens": 8192} and srv.requests[0]["body"]["max_tokens"] == 8192
             assert "## Language models" in (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
-            monkeypatch.setenv("KOI_LLM_MODEL", "model-b")
-            get_settings.cache_clear()
-            res = CliRunner().invoke(app, args)
-            assert res.exit_code == 0, res.output
-            out = " ".join(res.output.split())
-            assert "made with another model, caps or decoding (llm-only seed 0: model-a)" in out
-            assert "language models: whose plans" in out and "2/2 (100%)" in out  # the console's table
-            assert len(srv.requests) == 2  # nothing recomputed
-            monkeypatch.setenv("KOI_LLM_MODEL", "model-a")
-            monkeypatch.setenv("KOI_LLM_MAX_TOKENS", "512")  # the same model, another reply cap
-            get_settings.cache_clear()
-            res = CliRunner().invoke(app, args)
-            out = " ".join(res.output.split())
-            assert "(llm-only seed 0: max_tokens 8192 (now 512))" in out and "model-a)" not in out
+
+            doc = run_with(KOI_LLM_MODEL="model-b")  # another model: another run
+            assert [b["cached"] for b in doc["runs"]] == [False] and len(srv.requests) == 4
+            assert {r["body"]["model"] for r in srv.requests[2:]} == {"model-b"}
+            row = doc["report"]["policies"]["llm-only"]
+            assert row["n_runs"] == 1 and row["llm"]["model"] == "model-b"
+
+            doc = run_with(KOI_LLM_MODEL="model-a")  # back to the first: cached, and reported
+            assert [b["cached"] for b in doc["runs"]] == [True] and len(srv.requests) == 4
+            assert doc["report"]["policies"]["llm-only"]["llm"]["model"] == "model-a"
+
+            doc = run_with(KOI_LLM_MAX_TOKENS="512")  # the same model, another reply cap
+            assert [b["cached"] for b in doc["runs"]] == [False] and len(srv.requests) == 6
+            assert doc["report"]["policies"]["llm-only"]["llm"]["caps"] == {"max_tokens": 512}
             monkeypatch.delenv("KOI_LLM_MAX_TOKENS")
-            monkeypatch.setenv("KOI_LLM_RESPONSE_FORMAT", "json_schema")  # the same model, constrained decoding
-            get_settings.cache_clear()
-            res = CliRunner().invoke(app, args)
-            out = " ".join(res.output.split())
-            assert "(llm-only seed 0: decoding none (now json_schema))" in out and "max_tokens" not in out
+
+            doc = run_with(KOI_LLM_RESPONSE_FORMAT="json_schema")  # the same model, constrained decoding
+            assert [b["cached"] for b in doc["runs"]] == [False] and len(srv.requests) == 8
+            assert "response_format" in srv.requests[-1]["body"]
+            assert doc["report"]["policies"]["llm-only"]["llm"]["decoding"] == "json_schema"
+            runs = sorted((tmp_path / "bench-tiny" / "runs" / "llm-only").glob("*.json"))
+            assert len(runs) == 4 and all("-llm" in p.name for p in runs)
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()

@@ -7,9 +7,11 @@ Layout under the cache root (default ``KOI_DATA_DIR/bench``)::
     <root>/<scenario>/report/                                                    tables and figures
     <root>/<scenario>/runs-temporal/, report-temporal/                            the same through Temporal
 
-A run is identified by (scenario digest, policy, seed, hours) (:class:`RunKey`): editing the
-scenario file changes its digest, so old runs are never mistaken for new ones; they stay on
-disk until removed. ``RUNNER_VERSION`` is stored in every document and a document of another
+A run is identified by (scenario digest, policy, seed, hours) and, for a language-model policy, the
+digest of its model setup (model name, caps, decoding: :class:`RunKey`): editing the scenario file
+or pointing the LLM policies at another model changes the key, so old runs are never mistaken for
+new ones; they stay on disk until removed (the report reads the ones of the current setup,
+:func:`koi.bench.report.select_runs`). ``RUNNER_VERSION`` is stored in every document and a document of another
 version is a miss (recomputed), so a change to what a run records invalidates the cache.
 
 JSON is written with ``allow_nan`` (``Infinity`` for a cost per SLO token with no SLO token)
@@ -44,10 +46,13 @@ class RunKey(KoiModel):
     policy: str
     seed: int
     hours: float
+    llm: str = Field(default="", description="a language-model policy's setup digest "
+                                             "(koi.bench.policies.llm.llm_setup_tag); empty for the others")
 
     @property
     def stem(self) -> str:
-        return f"seed{self.seed}-h{self.hours:g}-{self.scenario_digest[:12]}"
+        base = f"seed{self.seed}-h{self.hours:g}-{self.scenario_digest[:12]}"
+        return f"{base}-llm{self.llm[:12]}" if self.llm else base
 
 
 class JobInfo(KoiModel):
@@ -110,7 +115,7 @@ def code_digest() -> str:
     an edit made while a long run is going is not credited to that run; a process runs the code it
     imported).
 
-    Not part of the cache key (the key is the scenario, policy, seed and horizon): a run made by
+    Not part of the cache key (the key is the scenario, policy, seed, horizon and LLM setup): a run made by
     other code is still found, and reported as such, so a stale cache is visible (``--fresh``
     recomputes).
     """

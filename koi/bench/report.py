@@ -361,7 +361,10 @@ def write_report(scenario: str, digest: str, hours: float, runs: Sequence[RunRes
 def select_runs(scenario: str, *, cache_dir: str | Path | None = None, hours: float | None = None,
                 via: str = "in-process") -> tuple[str, str, float, list[RunResult]]:
     """(scenario name, digest, hours, runs) to report on: the cached runs of the scenario's current
-    file at ``hours`` (default: its duration; when none ran that long, the horizon most runs used)."""
+    file at ``hours`` (default: its duration; when none ran that long, the horizon most runs used).
+
+    A language-model policy may have runs of several model setups for one seed (its key carries the
+    setup): the one the settings give now is reported, else the latest made."""
     from collections import Counter
 
     from koi.bench.cache import RunCache, scenario_digest
@@ -376,7 +379,24 @@ def select_runs(scenario: str, *, cache_dir: str | Path | None = None, hours: fl
     if not chosen and hours is None and runs:
         h = Counter(r.key.hours for r in runs).most_common(1)[0][0]
         chosen = [r for r in runs if abs(r.key.hours - h) < 1e-9]
-    return sc.name, digest, h, chosen
+    return sc.name, digest, h, _one_per_seed(chosen)
+
+
+def _one_per_seed(runs: list[RunResult]) -> list[RunResult]:
+    """One run per (policy, seed): of several LLM setups, the current one, else the latest finished."""
+    from koi.bench.policies.llm import llm_setup_tag
+    from koi.config import get_settings
+
+    groups: dict[tuple[str, int], list[RunResult]] = {}
+    for r in runs:
+        groups.setdefault((r.key.policy, r.key.seed), []).append(r)
+    out = []
+    for (policy, _seed), rs in groups.items():
+        if len(rs) > 1:
+            now = llm_setup_tag(policy, get_settings())
+            rs = sorted(rs, key=lambda r: (r.key.llm == now, r.meta.finished_at))
+        out.append(rs[-1])
+    return sorted(out, key=lambda r: (r.key.policy, r.key.seed))
 
 
 def rebuild(scenario: str, *, cache_dir: str | Path | None = None, hours: float | None = None,

@@ -107,8 +107,14 @@ def n_ticks_for(scenario: Any, hours: float | None, tick_s: float = TICK_S) -> t
 
 
 def run_key(scenario: Any, policy: str, seed: int, hours: float) -> RunKey:
+    """The run's cache key; a language-model policy's carries its model setup as the settings give it now."""
+    from koi.bench.policies.llm import llm_setup_tag
+    from koi.bench.policy import get_policy
+    from koi.config import get_settings
+
+    llm = llm_setup_tag(policy, get_settings()) if get_policy(policy).needs_llm else ""
     return RunKey(scenario=scenario.name, scenario_digest=scenario_digest(scenario), policy=policy, seed=int(seed),
-                  hours=float(hours))
+                  hours=float(hours), llm=llm)
 
 
 def default_cluster_id(policy: str, seed: int) -> str:

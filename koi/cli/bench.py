@@ -311,30 +311,6 @@ def _print_table(rep: Any) -> None:
     console.print(f"report: {rep.files['markdown']}")
 
 
-def _other_llm(cached: list[Any], hits: dict[Any, Any]) -> set[str]:
-    """Cached LLM runs made with another model than ``KOI_LLM_MODEL``, other caps than the settings give, or
-    (LLM-only) another ``KOI_LLM_RESPONSE_FORMAT`` — the cache key has none of them."""
-    from koi.bench.policies.llm import configured_caps
-    from koi.bench.policy import get_policy
-    from koi.config import get_settings
-
-    settings = get_settings()
-    out = set()
-    for s in cached:
-        llm = hits[s].meta.llm
-        if llm is None or not get_policy(s.policy).needs_llm:
-            continue
-        if llm.model and settings.llm_model and llm.model != settings.llm_model:
-            out.add(f"{s.policy} seed {s.seed}: {llm.model}")
-        if s.policy == "llm-only" and (llm.decoding or "none") != settings.llm_response_format:
-            out.add(f"{s.policy} seed {s.seed}: decoding {llm.decoding or 'none'} (now {settings.llm_response_format})")
-        now = configured_caps(s.policy, settings)
-        diff = [f"{k} {v:g} (now {now[k]:g})" for k, v in sorted(llm.caps.items()) if k in now and now[k] != v]
-        if diff:
-            out.add(f"{s.policy} seed {s.seed}: {', '.join(diff)}")
-    return out
-
-
 @app.command()
 def run(
     scenario: str = SCENARIO,
@@ -381,10 +357,6 @@ def run(
     stale = [s for s in cached if hits[s].meta.code_digest != code_digest()]  # type: ignore[union-attr]
     if stale and not json_out:
         err_console.print(f"[yellow]{len(stale)} cached run(s) were made by other code; --fresh recomputes them[/]")
-    other_llm = _other_llm(cached, hits)
-    if other_llm and not json_out:
-        err_console.print(f"[yellow]cached language-model run(s) made with another model, caps or decoding "
-                          f"({'; '.join(sorted(other_llm))}); --fresh recomputes them[/]")
     show = not json_out and sys.stderr.isatty() or os.environ.get("KOI_PROGRESS") == "1"
     if not json_out:
         err_console.print(f"{sc.name}: {len(specs)} policies × {seeds} seeds, {h:g} h; {len(cached)} cached, "

@@ -33,6 +33,7 @@ as anchor), and Koi's whole learning loop (S2, S3, PerfDB). Option ``rlm_config`
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from typing import Any
 
@@ -257,6 +258,20 @@ def configured_caps(policy: str, settings: Any) -> dict[str, float]:
     from koi.agent.trajectory import RlmConfig
 
     return rlm_caps(RlmConfig.from_settings(settings))
+
+
+def llm_setup(policy: str, settings: Any) -> dict[str, Any]:
+    """What a language-model policy's results depend on beyond the scenario and seed: the model, the caps it
+    runs under and (LLM-only) its decoding. The endpoint's address is left out: the same model served
+    elsewhere is the same setup."""
+    return {"model": settings.llm_model or "", "caps": configured_caps(policy, settings),
+            "decoding": settings.llm_response_format if policy == "llm-only" else None}
+
+
+def llm_setup_tag(policy: str, settings: Any) -> str:
+    """sha256 (16 hex) of :func:`llm_setup`: the part of a run's cache key that tells two models' runs apart."""
+    raw = json.dumps(llm_setup(policy, settings), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def _make(cls: type[PolicyProposer]) -> Any:
