@@ -33,19 +33,51 @@ def a_plan(snap):
     ]}
 
 
+def _objects(node):
+    """Every object schema in ``node`` (through properties, items, anyOf and $defs)."""
+    if isinstance(node, dict):
+        if node.get("type") == "object":
+            yield node
+        for key in ("properties", "$defs"):
+            for child in node.get(key, {}).values():
+                yield from _objects(child)
+        yield from _objects(node.get("items"))
+        for child in node.get("anyOf", []):
+            yield from _objects(child)
+
+
 def test_the_schema_names_the_snapshots_jobs_and_pools(snap):
     s = plan_schema(snap)
-    action = s["properties"]["actions"]["items"]
-    branches = action["properties"]["ladder"]["items"]["anyOf"]
-    assert action["properties"]["job_id"]["enum"] == sorted(js.job.job_id for js in snap.jobs)
+    shapes = {b["properties"]["type"]["enum"][0]: b for b in s["properties"]["actions"]["items"]["anyOf"]}
+    status = {js.job.job_id: js.status.value for js in snap.jobs}
+    # one shape per action type, each over the jobs whose status allows it (C7), a ladder only where one is due
+    assert sorted(shapes) == ["defer", "keep", "place", "swap"]
+    for kind, st in (("place", "pending"), ("defer", "pending"), ("swap", "active"), ("keep", "active")):
+        assert shapes[kind]["properties"]["job_id"]["enum"] == sorted(j for j, v in status.items() if v == st)
+    assert shapes["place"]["properties"]["ladder"]["minItems"] == 1 and shapes["keep"]["properties"]["ladder"]["maxItems"] == 0
+    assert shapes["swap"]["properties"]["ladder"]["items"] == {"$ref": "#/$defs/rank"}
     # one rank shape per pool: its environment with its own instance type, TP up to its GPUs per instance
+    branches = s["$defs"]["rank"]["anyOf"]
     got = {(tuple(b["properties"]["env"]["enum"][0]), b["properties"]["config"]["properties"]["instance_type"]["enum"][0],
             max(b["properties"]["config"]["properties"]["tp"]["enum"])) for b in branches}
     assert got == {(tuple(_env(p)), p.instance_type, p.gpus_per_instance) for p in snap.resources.pools}
     assert s["properties"]["actions"]["maxItems"] == len(snap.jobs)
     # strict mode: every object closed, every property required
-    for obj in (s, action, *branches, *(b["properties"]["config"] for b in branches)):
+    objs = list(_objects(s))
+    assert len(objs) == 1 + 4 + 2 + 2 * len(branches)  # plan, shapes, keep/defer's empty items, ranks and configs
+    for obj in objs:
         assert obj["additionalProperties"] is False and sorted(obj["required"]) == sorted(obj["properties"])
+
+
+def test_a_snapshot_with_no_pending_job_or_no_pool_leaves_those_shapes_out(snap):
+    active_only = snap.model_copy(update={"jobs": [js for js in snap.jobs if js.status.value == "active"]})
+    kinds = [b["properties"]["type"]["enum"][0] for b in plan_schema(active_only)["properties"]["actions"]["items"]["anyOf"]]
+    assert kinds == ["swap", "keep"]
+    no_pool = snap.model_copy(update={"resources": snap.resources.model_copy(update={"pools": []})})
+    s = plan_schema(no_pool)
+    assert [b["properties"]["type"]["enum"][0] for b in s["properties"]["actions"]["items"]["anyOf"]] == ["defer", "keep"]
+    assert "$defs" not in s
+    jsonschema.validate({"actions": [{"job_id": "chat-8b", "type": "keep", "ladder": []}]}, s)
 
 
 def test_a_plan_the_schema_admits_parses_into_the_ticks_actions(snap):
@@ -68,10 +100,17 @@ def test_a_plan_the_schema_admits_parses_into_the_ticks_actions(snap):
     (lambda p: p["actions"][1]["ladder"][0].update(n_replicas=0), True),
     (lambda p: p.update(tick_rationale="free text costs tokens"), False),
     (lambda p: p["actions"][0].pop("ladder"), False),
+    (lambda p: p["actions"][1].update(ladder=[]), True),  # a place with no ladder
+    (lambda p: p["actions"][2].update(ladder=copy.deepcopy(p["actions"][1]["ladder"])), False),  # a keep with one
+    (lambda p: p["actions"][2].update(type="place", ladder=copy.deepcopy(p["actions"][1]["ladder"])), False),  # C7
+    (lambda p: p["actions"][1].update(type="swap"), False),  # a swap of a pending job: C7
+    (lambda p: p["actions"][0].update(type="keep", ladder=[]), False),  # keep a pending job: C7
+    (lambda p: p["actions"][1]["ladder"].extend(copy.deepcopy(p["actions"][1]["ladder"]) * 2), False),  # 3 ranks
 ])
 def test_what_the_schema_refuses(snap, mutate, refused_by_parser):
     """Each mutation leaves the schema; those the parser also names are refused there too (the grammar
-    rules them out before a token is spent); the rest are left to S5 or are harmless to the parser."""
+    rules them out before a token is spent); the rest are left to S5 (C7 for an action the job's status
+    does not allow) or are harmless to the parser."""
     bad = copy.deepcopy(a_plan(snap))
     mutate(bad)
     with pytest.raises(jsonschema.ValidationError):

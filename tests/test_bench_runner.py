@@ -352,8 +352,9 @@ def test_llm_only_with_constrained_decoding_sends_the_ticks_schema_and_records_i
             for r in srv.requests:
                 fmt = r["body"]["response_format"]
                 assert fmt["type"] == "json_object"
-                enum = fmt["schema"]["properties"]["actions"]["items"]["properties"]["job_id"]["enum"]
-                assert enum and set(enum) <= jobs
+                enum = {j for b in fmt["schema"]["properties"]["actions"]["items"]["anyOf"]
+                        for j in b["properties"]["job_id"]["enum"]}
+                assert enum and enum <= jobs
             assert "model-a (json_object)" in (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
     finally:
         monkeypatch.undo()

@@ -10,11 +10,12 @@ under a grammar built from a schema, so every reply is a JSON object of the plan
   the form llama-cpp-python's server reads (it ignores ``json_schema``);
 - ``none`` — free text, the plan found in the reply by :func:`koi.bench.policies.llm.extract_plan_json`.
 
-The schema is built per tick from the snapshot, so the grammar itself rules out what the parser
-or C0 would reject by name: a job id not in the snapshot, an action type, a rank on no pool (an
-environment with another pool's instance type), a TP wider than the pool's instance. What it cannot
-say — capacity, memory, TP dividing the heads, whether a job is active or pending — stays with
-:func:`koi.agent.parse.parse_plan` and S5, as for every planner.
+The schema is built per tick from the snapshot, so the grammar itself rules out what the parser,
+C0 or C7 would reject by name: a job id not live in the snapshot, an action type, an action its
+job's status does not allow (place/defer a pending job, keep/swap an active one: C7), a ladder on
+a keep or defer or none on a place or swap, a rank on no pool (an environment with another pool's
+instance type), a TP wider than the pool's instance. What it cannot say — capacity, memory, TP
+dividing the heads — stays with :func:`koi.agent.parse.parse_plan` and S5, as for every planner.
 
 Choices where the spec is vague (it defines the plan JSON, not a schema for it):
 - Only what a plan needs: ``actions[]`` of ``{job_id, type, ladder}``, a rank ``{env, config:
@@ -22,6 +23,12 @@ Choices where the spec is vague (it defines the plan JSON, not a schema for it):
   ``budget_ref`` are left out: a reply capped at a few hundred tokens should spend them on actions.
   Keep and defer carry ``"ladder": []`` (strict mode wants every property present; the parser reads
   ``[]`` as no ladder).
+- An action is one of up to four shapes (``anyOf``): ``job_id`` among the pending jobs with ``place``
+  and one to ``MAX_RANKS`` ranks, or with ``defer`` and ``[]``; among the active jobs with ``swap``
+  and ranks, or ``keep`` and ``[]``. A shape with no job this tick is left out. Per status, not per
+  job: 25 jobs would make 50 branches, and a model picks the job before the type either way.
+- The rank is defined once (``$defs.rank``, referenced by both ladder-bearing shapes; OpenAI's strict
+  mode and llama.cpp's schema-to-grammar converter both resolve local ``$ref``).
 - Every object is closed (``additionalProperties: false``) and lists every property as required, as
   OpenAI's strict mode demands. A rank is one of the pools (``anyOf``, one branch per environment
   and instance type: ``env`` that pool's ``[market, cloud, region, zone, gpu]``, ``instance_type``
@@ -36,13 +43,18 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from koi.domain import ClusterSnapshot
+from koi.domain.job import JobStatus
 
 ResponseFormat = Literal["none", "json_schema", "json_object"]
 RESPONSE_FORMATS: tuple[str, ...] = ("none", "json_schema", "json_object")
-ACTION_TYPES = ("place", "keep", "swap", "defer")
 MAX_RANKS = 2
 MAX_REPLICAS = 64
 SCHEMA_NAME = "koi_plan"
+RANK_REF = "#/$defs/rank"
+
+
+def _empty_object() -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "properties": {}, "required": []}
 
 
 def _divisors_up_to(n: int) -> list[int]:
@@ -71,30 +83,43 @@ def _rank_for_pool(env: list[str], instance_type: str, gpus: int) -> dict[str, A
     }
 
 
+def _action(job_ids: list[str], types: list[str], with_ladder: bool) -> dict[str, Any]:
+    ladder = ({"type": "array", "minItems": 1, "maxItems": MAX_RANKS, "items": {"$ref": RANK_REF}} if with_ladder
+              else {"type": "array", "items": _empty_object(), "maxItems": 0})  # items: a grammar converter needs them
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["job_id", "type", "ladder"],
+        "properties": {
+            "job_id": {"type": "string", "enum": job_ids},
+            "type": {"type": "string", "enum": types},
+            "ladder": ladder,
+        },
+    }
+
+
 def plan_schema(snapshot: ClusterSnapshot) -> dict[str, Any]:
     """The JSON Schema of a plan for this tick's snapshot (see the module docstring)."""
     variants: dict[tuple[str, ...], dict[str, Any]] = {}
     for p in sorted(snapshot.resources.pools, key=lambda p: p.pool_id):
         env = [p.env.market.value, p.env.cloud, p.env.region, p.env.zone, p.env.gpu_type]
         variants.setdefault((*env, p.instance_type), _rank_for_pool(env, p.instance_type, p.gpus_per_instance))
-    rank = {"anyOf": list(variants.values())} if variants else {"type": "object"}
-    jobs = sorted(js.job.job_id for js in snapshot.jobs)
-    action = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["job_id", "type", "ladder"],
-        "properties": {
-            "job_id": {"type": "string", "enum": jobs},
-            "type": {"type": "string", "enum": list(ACTION_TYPES)},
-            "ladder": {"type": "array", "maxItems": MAX_RANKS, "items": rank},
-        },
-    }
-    return {
+    by_status = {st: sorted(js.job.job_id for js in snapshot.jobs if js.status is st)
+                 for st in (JobStatus.PENDING, JobStatus.ACTIVE)}
+    shapes = [(JobStatus.PENDING, "place", True), (JobStatus.PENDING, "defer", False),
+              (JobStatus.ACTIVE, "swap", True), (JobStatus.ACTIVE, "keep", False)]
+    branches = [_action(by_status[st], [kind], ladder) for st, kind, ladder in shapes
+                if by_status[st] and (variants or not ladder)]  # no pool: nothing to place on
+    out: dict[str, Any] = {
         "type": "object",
         "additionalProperties": False,
         "required": ["actions"],
-        "properties": {"actions": {"type": "array", "maxItems": max(len(jobs), 1), "items": action}},
+        "properties": {"actions": {"type": "array", "maxItems": sum(len(v) for v in by_status.values()),
+                                   "items": {"anyOf": branches} if branches else _empty_object()}},
     }
+    if variants:
+        out["$defs"] = {"rank": {"anyOf": list(variants.values())}}
+    return out
 
 
 def response_format(kind: str, schema: dict[str, Any]) -> dict[str, Any] | None:
