@@ -273,7 +273,9 @@ def update_weights(
     covered), so weight moves there and the planner is steered to cover that part of the
     front: over time w sweeps the front (Appendix A). Without the anchor τ a persistent
     gradient drives w to a vertex (all weight on one objective), which would overrule
-    the operator's preference; with it w stays within a bounded tilt of w₀.
+    the operator's preference; with it w stays within a bounded tilt of w₀. Measured without
+    it (τ = 0, the white paper's bare update) on hetero-3h × 3 seeds: composite 86.01 against
+    86.00 — over 36 ticks the R2 gradient is too small for the anchor to matter either way.
     Objectives missing from some outcome or from z* get no gradient.
     """
     objs = [o for o in OBJ if o in z_star and all(o in x.values for x in outcomes)]
