@@ -235,3 +235,35 @@ def test_the_language_model_table_says_whose_plans_a_models_row_is(tmp_path):
     assert doc["llm-only"]["llm"]["model_plans"] == 5 and doc["llm-only"]["llm"]["runs"] == 2
     assert "llm" not in doc["fcfs"]
     assert llm_table(policy_rows(runs[2:])) == ""
+
+
+def test_of_several_llm_setups_for_one_seed_the_report_reads_the_current_one_else_the_latest(tmp_path, monkeypatch):
+    """An LLM policy's key carries its model setup, so one seed can have several cached runs: the report
+    takes the one the settings give now; when none matches (the setup changed since), the latest made."""
+    from koi.bench.report import select_runs
+    from koi.config import get_settings
+
+    path = write_tiny(tmp_path)
+    sc, _ = load(path)
+    cache = RunCache(tmp_path / "cache")
+
+    def made_with(model: str, composite: float, finished: str) -> None:
+        monkeypatch.setenv("KOI_LLM_MODEL", model)
+        get_settings.cache_clear()
+        r = fake(sc, "llm-only", "LLM only (no tools)", Family.LLM, composite, 0)
+        cache.save(r.model_copy(update={"meta": r.meta.model_copy(update={"finished_at": finished})}),
+                   np.zeros(0, RECORD_DTYPE))
+
+    try:
+        made_with("model-a", 60.0, "2026-12-03T10:00:00+00:00")
+        made_with("model-b", 50.0, "2026-12-03T09:00:00+00:00")  # made earlier, configured now
+        assert len(list((tmp_path / "cache" / "bench-tiny" / "runs" / "llm-only").glob("*.json"))) == 2
+        _n, _d, _h, runs = select_runs(str(path), cache_dir=tmp_path / "cache", hours=HOURS)
+        assert [r.metrics.composite for r in runs] == [50.0]
+        monkeypatch.setenv("KOI_LLM_MODEL", "model-c")  # neither: the latest made
+        get_settings.cache_clear()
+        _n, _d, _h, runs = select_runs(str(path), cache_dir=tmp_path / "cache", hours=HOURS)
+        assert [r.metrics.composite for r in runs] == [60.0]
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
