@@ -10,7 +10,7 @@ import pytest
 
 from koi.agent import demo
 from koi.agent.parse import PlanParseError, parse_plan
-from koi.agent.plan_schema import plan_schema, response_format
+from koi.agent.plan_schema import RESPONSE_FORMATS, check_response_format, plan_schema, response_format
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +128,6 @@ def test_the_two_wire_forms(snap):
     assert response_format("json_object", s) == {"type": "json_object", "schema": s}
     with pytest.raises(ValueError, match="unknown response format 'grammar'"):
         response_format("grammar", s)
+    assert [check_response_format(k) for k in RESPONSE_FORMATS] == ["none", "json_schema", "json_object"]
+    with pytest.raises(ValueError, match="expected one of none, json_schema, json_object"):
+        check_response_format("json")

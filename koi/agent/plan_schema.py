@@ -122,12 +122,17 @@ def plan_schema(snapshot: ClusterSnapshot) -> dict[str, Any]:
     return out
 
 
+def check_response_format(kind: str) -> str:
+    """``kind`` if it is one of :data:`RESPONSE_FORMATS`, else a ValueError naming the ones there are."""
+    if kind not in RESPONSE_FORMATS:
+        raise ValueError(f"unknown response format {kind!r}; expected one of {', '.join(RESPONSE_FORMATS)}")
+    return kind
+
+
 def response_format(kind: str, schema: dict[str, Any]) -> dict[str, Any] | None:
     """The chat-completions ``response_format`` for ``kind`` (None for free text)."""
-    if kind == "none":
+    if check_response_format(kind) == "none":
         return None
     if kind == "json_schema":
         return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": True}}
-    if kind == "json_object":
-        return {"type": "json_object", "schema": schema}
-    raise ValueError(f"unknown response format {kind!r}; expected one of {', '.join(RESPONSE_FORMATS)}")
+    return {"type": "json_object", "schema": schema}

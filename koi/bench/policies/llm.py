@@ -38,7 +38,7 @@ import json
 from typing import Any
 
 from koi import catalog
-from koi.agent.plan_schema import RESPONSE_FORMATS, plan_schema, response_format
+from koi.agent.plan_schema import check_response_format, plan_schema, response_format
 from koi.bench.policies._common import PolicyProposer
 from koi.bench.policies.koi_variants import rlm_config
 from koi.bench.policy import BenchContext, Family, PolicySpec, register
@@ -170,9 +170,8 @@ class LlmOnly(PolicyProposer):
         self.settings = get_settings()
         self._model = self.option("llm_model", None)
         self.max_tokens = int(self.option("max_tokens", configured_caps(self.policy, self.settings)["max_tokens"]))
-        self.decoding = str(self.option("response_format", self.settings.llm_response_format))
-        if self.decoding not in RESPONSE_FORMATS:  # fail before the first tick, not inside one
-            raise ValueError(f"unknown response format {self.decoding!r}; expected one of {', '.join(RESPONSE_FORMATS)}")
+        # an unknown format fails here, before the first tick, not inside one
+        self.decoding = check_response_format(str(self.option("response_format", self.settings.llm_response_format)))
 
     def model(self) -> Any:
         if self._model is None:
