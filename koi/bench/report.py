@@ -42,6 +42,7 @@ MAIN_COLUMNS: tuple[tuple[str, str, float, bool, bool], ...] = (
     ("cost_per_slo_token", "$/M SLO tokens", 1e6, False, False),
     ("ttft_attainment_pct", "TTFT met (%)", 1.0, True, True),
     ("tpot_attainment_pct", "TPOT met (%)", 1.0, True, True),
+    ("p99_windows_pct", "p99 SLO windows (%)", 1.0, True, True),
     ("goodput_tok_s", "Goodput (tok/s)", 1.0, True, False),
     ("composite", "Overall score", 1.0, True, False),
 )

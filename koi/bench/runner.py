@@ -354,7 +354,8 @@ def assemble(
     reserved, _used = final_world.fleet.reserved_commitment(final_world.now())
     admitted = {e["job_id"] for e in final_world.events() if e.get("kind") == "replica_ready"} & job_ids
     metrics = evaluate(EvalInputs(jobs=jobs, records=rec, horizon_s=horizon, fleet_cost_usd=float(cost["total"]),
-                                  reserved_cost_usd=float(reserved), trace=trace, admitted_jobs=admitted))
+                                  reserved_cost_usd=float(reserved), trace=trace, admitted_jobs=admitted,
+                                  window_s=tick_s))
     committed = sum(1 for t in trace if t.outcome == "committed")
     meta = RunMeta(
         label=spec.label, family=str(spec.family.value), via=via, cluster_id=cluster_id,
