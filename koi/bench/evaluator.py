@@ -40,8 +40,8 @@ Choices where the paper is silent: the targets are p99s, and an operator checks 
 per window, which the per-request attainments do not show (a job whose p99 TPOT sits just past
 its target every window still has ~99% of its requests within it); the p99 SLO windows % says
 how often each job's SLO as written held, with the nearest-rank p99 (the smallest value at or
-above 99% of the window's values; with under 100 requests, the window's maximum). Pillar means are arithmetic and the composite is
-the geometric mean of the pillars (the paper's "geometric mean of three equally
+above 99% of the window's values; with under 100 requests, the window's maximum). Pillar means
+are arithmetic and the composite is the geometric mean of the pillars (the paper's "geometric mean of three equally
 weighted pillars"); a pillar at 0 makes the composite 0, so a policy that refuses all
 work scores 0 whatever its cost. c_ref is fixed by the scenario, so efficiency is
 comparable across policies without reference to any other run.
