@@ -149,6 +149,19 @@ def test_p99_windows_count_a_job_window_only_when_both_p99s_meet_their_targets()
     assert m.ttft_attainment_pct == pytest.approx(100.0 * 600 / 610)
 
 
+def test_p99_windows_a_request_dropped_after_its_first_token_breaches_the_window():
+    """Dropping work mid-decode must not help: a request that got its first token in time and was then
+    dropped has an infinite TPOT. One in a window of 100 leaves the nearest-rank p99 (the 99th value)
+    finite and met; two put it past the target."""
+    jobs = [chat()]
+    good = [rec(0, float(i), 0.1, 0.02, 11, Status.SERVED) for i in range(98)]
+    dropped = [rec(0, 98.0 + i, 0.1, None, 3, Status.DROPPED) for i in range(2)]
+    dropped_one = [rec(0, 300.0 + i, 0.1, 0.02, 11, Status.SERVED) for i in range(99)]
+    dropped_one.append(rec(0, 399.0, 0.1, None, 3, Status.DROPPED))
+    m = run(jobs, good + dropped + dropped_one, admitted=["chat"])
+    assert m.p99_windows_pct == pytest.approx(50.0)  # window 0 (two dropped) breaches, window 1 (one) meets
+
+
 def test_p99_windows_of_a_policy_that_refuses_all_work_is_zero():
     jobs = [chat()]
     records = [rec(0, 100.0 * i, None, None, 0, Status.DROPPED) for i in range(30)]

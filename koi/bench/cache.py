@@ -37,7 +37,7 @@ from koi.bench.llm_use import LlmUse
 from koi.domain.common import KoiModel
 
 #: Bump when what a run records changes: cached documents of another version are recomputed.
-RUNNER_VERSION = 2  # 2: the p99 SLO windows metric
+RUNNER_VERSION = 3  # 2: the p99 SLO windows metric; 3: an unfinished request's TPOT counts as infinite there
 
 
 class RunKey(KoiModel):

@@ -25,8 +25,9 @@ Definitions (the report prints these verbatim, see :data:`FORMULAS`):
 - p99 SLO windows %  = (online job, window) pairs whose p99 TTFT and p99 TPOT both met the
   job's targets / (online job, window) pairs with at least one arrival (windows of
   ``window_s``, the tick; the same requests as the attainments above; a request without a
-  first token has an infinite TTFT, so a job left waiting breaches its windows; TPOT over the
-  window's finished requests of more than one token). Reported beside the composite, not in it.
+  first token has an infinite TTFT and one that did not finish an infinite TPOT, so a job left
+  waiting or dropped breaches its windows; TPOT over the window's requests of more than one
+  output token and its unfinished ones). Reported beside the composite, not in it.
 - composite = geometric mean of three pillars in [0, 100]:
   Quality = mean(TTFT att., TPOT att., deadline att.),
   Coverage = mean(online admission, batch admission, batch progress),
@@ -146,8 +147,8 @@ def p99_windows(job_idx: np.ndarray, arrival: np.ndarray, ttft: np.ndarray, tpot
                 tpot_ok_rows: np.ndarray, ttft_t: np.ndarray, tpot_t: np.ndarray, window_s: float
                 ) -> tuple[int, int]:  # fmt: skip
     """(windows meeting both p99 targets, windows with an arrival) over (job, window) pairs (module
-    docstring). ``ttft`` is NaN/inf where no first token came; ``tpot_ok_rows`` marks the requests
-    whose TPOT counts (finished, more than one token)."""
+    docstring). ``ttft`` is NaN/inf where no first token came; ``tpot`` is inf for a request that did
+    not finish; ``tpot_ok_rows`` marks the requests whose TPOT counts."""
     if not len(job_idx):
         return 0, 0
     w = np.floor(arrival / window_s).astype(np.int64)
@@ -189,8 +190,10 @@ def evaluate(inp: EvalInputs) -> Metrics:
     ok_tpot = finished & np.isfinite(tpot) & (tpot <= tpot_t[oj] + 1e-9)
     n_online = len(o)
     online_slo_tokens = float(gen[ok_ttft & ok_tpot].sum())
-    tpot_rows = finished & (gen > 1) & np.isfinite(tpot)
-    win_met, win_n = p99_windows(oj, o["arrival"], ttft, tpot, tpot_rows, ttft_t, tpot_t, inp.window_s)
+    # a request that did not finish has no TPOT to meet: infinite, as a missing first token is for TTFT
+    tpot_w = np.where(finished & np.isfinite(tpot), tpot, np.inf)
+    win_met, win_n = p99_windows(oj, o["arrival"], ttft, tpot_w, ~finished | (gen > 1), ttft_t, tpot_t,
+                                 inp.window_s)
     online_demand = float(osl[oj].sum()) if n_online else 0.0
 
     # ---- batch jobs --------------------------------------------------------------------
