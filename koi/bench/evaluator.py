@@ -42,8 +42,8 @@ per window, which the per-request attainments do not show (a job whose p99 TPOT 
 its target every window still has ~99% of its requests within it); the p99 SLO windows % says
 how often each job's SLO as written held, with the nearest-rank p99 (the smallest value at or
 above 99% of the window's values; with under 100 requests, the window's maximum). Pillar means
-are arithmetic and the composite is the geometric mean of the pillars (the paper's "geometric mean of three equally
-weighted pillars"); a pillar at 0 makes the composite 0, so a policy that refuses all
+are arithmetic and the composite is the geometric mean of the pillars (the paper's "geometric
+mean of three equally weighted pillars"); a pillar at 0 makes the composite 0, so a policy that refuses all
 work scores 0 whatever its cost. c_ref is fixed by the scenario, so efficiency is
 comparable across policies without reference to any other run.
 """
@@ -147,15 +147,15 @@ def p99_windows(job_idx: np.ndarray, arrival: np.ndarray, ttft: np.ndarray, tpot
                 tpot_ok_rows: np.ndarray, ttft_t: np.ndarray, tpot_t: np.ndarray, window_s: float
                 ) -> tuple[int, int]:  # fmt: skip
     """(windows meeting both p99 targets, windows with an arrival) over (job, window) pairs (module
-    docstring). ``ttft`` is NaN/inf where no first token came; ``tpot`` is inf for a request that did
-    not finish; ``tpot_ok_rows`` marks the requests whose TPOT counts."""
+    docstring). ``ttft`` is inf where no first token came and ``tpot`` where the request did not
+    finish; ``tpot_ok_rows`` marks the requests whose TPOT counts."""
     if not len(job_idx):
         return 0, 0
     w = np.floor(arrival / window_s).astype(np.int64)
     n_w = int(w.max()) + 1
     key = job_idx * n_w + w
     n_keys = int(ttft_t.shape[0]) * n_w
-    p_ttft = _nearest_rank_p99(key, np.where(np.isfinite(ttft), ttft, np.inf), n_keys)
+    p_ttft = _nearest_rank_p99(key, ttft, n_keys)
     p_tpot = _nearest_rank_p99(key[tpot_ok_rows], tpot[tpot_ok_rows], n_keys)
     seen = np.unique(key)
     jobs_of = seen // n_w
@@ -190,10 +190,10 @@ def evaluate(inp: EvalInputs) -> Metrics:
     ok_tpot = finished & np.isfinite(tpot) & (tpot <= tpot_t[oj] + 1e-9)
     n_online = len(o)
     online_slo_tokens = float(gen[ok_ttft & ok_tpot].sum())
-    # a request that did not finish has no TPOT to meet: infinite, as a missing first token is for TTFT
-    tpot_w = np.where(finished & np.isfinite(tpot), tpot, np.inf)
-    win_met, win_n = p99_windows(oj, o["arrival"], ttft, tpot_w, ~finished | (gen > 1), ttft_t, tpot_t,
-                                 inp.window_s)
+    # no first token: an infinite TTFT; not finished: an infinite TPOT (waiting or dropped work breaches)
+    win_met, win_n = p99_windows(oj, o["arrival"], np.where(np.isfinite(ttft), ttft, np.inf),
+                                 np.where(finished & np.isfinite(tpot), tpot, np.inf), ~finished | (gen > 1),
+                                 ttft_t, tpot_t, inp.window_s)
     online_demand = float(osl[oj].sum()) if n_online else 0.0
 
     # ---- batch jobs --------------------------------------------------------------------
