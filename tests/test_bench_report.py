@@ -167,6 +167,34 @@ def test_report_json_prints_each_policys_mean_metrics(suite):
     assert set(koi["mean"]) == set(Metrics.model_fields)
 
 
+def test_report_of_some_policies_and_seeds(tmp_path):
+    """`--policies` and `--seeds/--first-seed` report a subset of the cache; an unknown name fails clearly."""
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+
+    path = write_tiny(tmp_path)
+    sc, _ = load(path)
+    cache = RunCache(tmp_path / "cache")
+    for name, label, fam, comp in [("koi", "Koi", Family.KOI, 70.0), ("milp", "Rolling MILP", Family.GLOBAL, 60.0),
+                                   ("koi-frozen", "Koi without online learning", Family.ABLATION, 55.0)]:
+        for seed in (0, 1, 2, 3):
+            cache.save(fake(sc, name, label, fam, comp, seed), np.zeros(0, RECORD_DTYPE))
+    base = ["bench", "report", "--scenario", str(path), "--cache-dir", str(tmp_path / "cache"), "--hours", str(HOURS),
+            "--json", "--no-figures"]
+    res = CliRunner().invoke(app, [*base, "--policies", "koi,milp", "--seeds", "2", "--first-seed", "1"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)["policies"]
+    assert set(doc) == {"koi", "milp"} and doc["koi"]["seeds"] == [1, 2] and doc["milp"]["seeds"] == [1, 2]
+    assert doc["koi"]["mean"]["composite"] == pytest.approx(71.5)  # seeds 1 and 2: 71 and 72
+    everything = json.loads(CliRunner().invoke(app, base).stdout)["policies"]
+    assert set(everything) == {"koi", "milp", "koi-frozen"} and everything["koi"]["seeds"] == [0, 1, 2, 3]
+    res = CliRunner().invoke(app, [*base, "--policies", "koi,nonesuch"])
+    assert res.exit_code != 0 and "unknown policy 'nonesuch'" in res.output
+    res = CliRunner().invoke(app, [*base, "--seeds", "2", "--first-seed", "7"])
+    assert res.exit_code != 0 and "no cached runs" in res.output and "seeds 7, 8" in res.output
+
+
 def test_report_without_runs_fails_clearly(tmp_path):
     from typer.testing import CliRunner
 

@@ -231,6 +231,67 @@ def test_an_unreadable_or_stale_document_is_a_miss(det_run, cache_dir, tmp_path)
     assert cache.load(det_run.key) is None
 
 
+def _stale_copy(det_run, cache_dir: Path, root: Path, edit) -> tuple[RunCache, Path]:  # noqa: ANN001
+    """det_run saved under ``root`` with its records, its document edited by ``edit(data)``."""
+    cache = RunCache(root)
+    cache.save(det_run, RunCache(cache_dir).records(det_run.key))
+    p = cache.json_path(det_run.key)
+    data = json.loads(p.read_text())
+    edit(data)
+    p.write_text(json.dumps(data))
+    return cache, p
+
+
+def test_a_run_of_another_evaluator_version_is_rescored_from_its_records_not_rerun(det_run, cache_dir, tmp_path):
+    from koi.bench.evaluator import EVAL_VERSION
+
+    assert det_run.meta.eval_version == EVAL_VERSION and det_run.eval_inputs is not None
+    assert det_run.eval_inputs.admitted_jobs == ["chat-8b", "extract", "moderation"]
+    assert det_run.eval_inputs.fleet_cost_usd == det_run.metrics.fleet_cost_usd
+
+    def older(data: dict) -> None:  # metrics of an older evaluator: other numbers, a field it did not have
+        data["meta"]["eval_version"] = EVAL_VERSION - 1
+        data["metrics"] = {**data["metrics"], "composite": 1.0, "ttft_attainment_pct": 3.0}
+        del data["metrics"]["p99_windows_pct"]
+        for t in data["trace"]:
+            t["ttft_attainment"] = t["tpot_attainment"] = None
+
+    cache, p = _stale_copy(det_run, cache_dir, tmp_path / "old", older)
+    got = cache.load(det_run.key)
+    assert got is not None and got.cached
+    assert got.metrics == det_run.metrics and got.trace == det_run.trace and got.plans == det_run.plans
+    assert got.meta.eval_version == EVAL_VERSION and got.meta.rescored_at
+    assert got.meta.wall_s == det_run.meta.wall_s  # not run again
+    on_disk = json.loads(p.read_text())  # rewritten: the next read is a plain hit
+    assert on_disk["meta"]["eval_version"] == EVAL_VERSION and on_disk["metrics"]["composite"] == det_run.metrics.composite
+    assert [r.key for r in cache.runs(det_run.key.scenario)] == [det_run.key]
+
+    # the same edit under the current version is taken as written (only a version change re-scores)
+    def tampered(data: dict) -> None:
+        data["metrics"]["composite"] = 1.0
+
+    cache, _ = _stale_copy(det_run, cache_dir, tmp_path / "same", tampered)
+    assert cache.load(det_run.key).metrics.composite == 1.0
+
+
+def test_a_stale_run_that_cannot_be_rescored_is_a_miss(det_run, cache_dir, tmp_path):
+    from koi.bench.evaluator import EVAL_VERSION
+
+    def no_inputs(data: dict) -> None:  # written before the evaluator's inputs were stored
+        data["meta"]["eval_version"] = EVAL_VERSION - 1
+        data.pop("eval_inputs")
+
+    cache, _ = _stale_copy(det_run, cache_dir, tmp_path / "a", no_inputs)
+    assert cache.load(det_run.key) is None
+
+    def stale(data: dict) -> None:
+        data["meta"]["eval_version"] = EVAL_VERSION - 1
+
+    cache, _ = _stale_copy(det_run, cache_dir, tmp_path / "b", stale)
+    cache.records_path(det_run.key).unlink()
+    assert cache.load(det_run.key) is None
+
+
 def test_the_formulas_are_the_evaluators():
     assert "online admission %" in FORMULAS and "composite = geometric mean" in FORMULAS
 

@@ -14,6 +14,14 @@ new ones; they stay on disk until removed (the report reads the ones of the curr
 :func:`koi.bench.report.select_runs`). ``RUNNER_VERSION`` is stored in every document and a document of another
 version is a miss (recomputed), so a change to what a run records invalidates the cache.
 
+A change to the *formulas* does not: every document also stores the evaluator's version
+(:data:`koi.bench.evaluator.EVAL_VERSION`) and what the evaluator reads besides the records
+(:class:`RunEvalInputs`: the jobs, the reserved commitment, the fleet cost, the admitted jobs), so a
+document of another evaluator version is **re-scored** on read from its records and trace — the
+metrics and the per-tick attainments recomputed, the document rewritten — instead of simulated again
+(a three-hour language-model run takes up to 40 minutes; re-scoring it, about a second). A document
+without those inputs (written before they were stored) or whose records are gone is a miss.
+
 JSON is written with ``allow_nan`` (``Infinity`` for a cost per SLO token with no SLO token)
 and read back the same way; files are written to a temporary name and renamed, so a run
 killed while saving leaves no half-written document.
@@ -21,10 +29,12 @@ killed while saving leaves no half-written document.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import zipfile
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -32,8 +42,9 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from koi.bench.evaluator import Metrics, TickTrace
+from koi.bench.evaluator import EVAL_VERSION, EvalInputs, Metrics, TickTrace, evaluate, window_attainment
 from koi.bench.llm_use import LlmUse
+from koi.domain import Job
 from koi.domain.common import KoiModel
 
 #: Bump when what a run records changes: cached documents of another version are recomputed.
@@ -85,9 +96,22 @@ class RunMeta(KoiModel):
     store: str | None = Field(default=None, description="the run's SQLite store, when kept")
     llm: LlmUse | None = Field(default=None, description="a language-model planner's tokens, dollars and plans")
     runner_version: int = RUNNER_VERSION
+    eval_version: int = Field(default=1, description="the evaluator's version the metrics were computed under "
+                                                     "(documents from before it was stored: 1)")
+    rescored_at: str = Field(default="", description="when the metrics were last re-scored under a newer evaluator")
     koi_version: str = ""
     code_digest: str = Field(default="", description="digest of koi/'s sources and data when the run was made")
     finished_at: str = ""
+
+
+class RunEvalInputs(KoiModel):
+    """What the evaluator reads besides the records and the trace, stored so a run can be re-scored."""
+
+    jobs: list[Job] = Field(description="the evaluated jobs, in the records' job order")
+    fleet_cost_usd: float = Field(ge=0)
+    reserved_cost_usd: float = Field(ge=0)
+    admitted_jobs: list[str] = Field(default_factory=list, description="jobs that ever had a serving replica")
+    grace_s: float = Field(ge=0)
 
 
 class RunResult(KoiModel):
@@ -97,6 +121,7 @@ class RunResult(KoiModel):
     trace: list[TickTrace]
     plans: list[str | None] = Field(default_factory=list, description="digest of each tick's committed plan")
     jobs: list[JobInfo] = Field(default_factory=list, description="the evaluated jobs, in the records' job order")
+    eval_inputs: RunEvalInputs | None = Field(default=None, description="the evaluator's other inputs (re-scoring)")
     cached: bool = Field(default=False, description="read from the cache rather than computed now")
 
 
@@ -182,19 +207,55 @@ class RunCache:
             return None
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("meta", {}).get("runner_version") != RUNNER_VERSION:
+            meta = data.get("meta", {})
+            if meta.get("runner_version") != RUNNER_VERSION:
                 return None
+            stale = meta.get("eval_version", 1) != EVAL_VERSION
+            if stale:
+                data = self._rescored(data, path.with_suffix(".npz"))
+                if data is None:
+                    return None
             res = RunResult.model_validate(data)
-        except (OSError, ValueError):
+        except (OSError, ValueError, KeyError, TypeError):
             return None
         if key is not None and res.key != key:
             return None
+        if stale:
+            with contextlib.suppress(OSError):  # a read-only cache still reports the re-scored numbers
+                self._write_json(res, path)
         return res.model_copy(update={"cached": True})
 
+    @staticmethod
+    def _rescored(data: dict[str, Any], records_path: Path) -> dict[str, Any] | None:
+        """The document with its metrics and per-tick attainments recomputed by the current evaluator
+        (None when it cannot be: no stored evaluator inputs or no records). Works on the raw document,
+        so metrics of an older shape never need to validate."""
+        if not data.get("eval_inputs") or not records_path.is_file():
+            return None
+        ei = RunEvalInputs.model_validate(data["eval_inputs"])
+        meta = data["meta"]
+        with np.load(records_path, allow_pickle=False) as z:
+            rec = z["records"]
+        trace = [TickTrace.model_validate(t) for t in data.get("trace", [])]
+        per_tick = window_attainment(ei.jobs, rec, int(meta["n_ticks"]), float(meta["tick_s"]),
+                                     float(meta["horizon_s"]), ei.grace_s)
+        for t, (a, b) in zip(trace, per_tick, strict=True):
+            t.ttft_attainment, t.tpot_attainment = a, b
+        metrics = evaluate(EvalInputs(jobs=ei.jobs, records=rec, horizon_s=float(meta["horizon_s"]),
+                                      fleet_cost_usd=ei.fleet_cost_usd, reserved_cost_usd=ei.reserved_cost_usd,
+                                      trace=trace, admitted_jobs=set(ei.admitted_jobs), grace_s=ei.grace_s,
+                                      window_s=float(meta["tick_s"])))
+        return {**data, "metrics": metrics.model_dump(mode="json"), "trace": [t.model_dump(mode="json") for t in trace],
+                "meta": {**meta, "eval_version": EVAL_VERSION,
+                         "rescored_at": datetime.now(UTC).isoformat(timespec="seconds")}}
+
     def save(self, result: RunResult, records: np.ndarray | None = None) -> Path:
-        path = self.json_path(result.key)
         if records is not None:
             _write_atomic(self.records_path(result.key), lambda p: _save_npz(p, records))
+        return self._write_json(result, self.json_path(result.key))
+
+    @staticmethod
+    def _write_json(result: RunResult, path: Path) -> Path:
         body = json.dumps(result.model_dump(mode="json", exclude={"cached"}), indent=1, allow_nan=True)
         _write_atomic(path, lambda p: p.write_text(body, encoding="utf-8"))
         return path

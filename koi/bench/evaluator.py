@@ -65,6 +65,14 @@ FORMULAS = __doc__.split("Definitions (the report prints these verbatim, see :da
 
 SERVED = 0  # koi.sim.records.Status.SERVED, kept numeric so the evaluator needs no simulator import
 
+#: Bump when a formula below changes. A cached run made under another version is re-scored from its stored
+#: records and evaluator inputs (:meth:`koi.bench.cache.RunCache.load`), not simulated again: the formulas
+#: read the run, they do not change it. 1: the formulas of runner version 3 (p99 SLO windows included).
+EVAL_VERSION = 1
+
+#: Requests arriving this close to the horizon are left out of the online denominators (outcome unknown).
+GRACE_S = 60.0
+
 
 class TickTrace(KoiModel):
     """What the evaluator and the figures need from one tick."""
@@ -99,7 +107,7 @@ class EvalInputs(KoiModel):
     reserved_cost_usd: float = Field(ge=0, description="the reserved commitment over the horizon (paid regardless)")
     trace: list[TickTrace] = Field(default_factory=list)
     admitted_jobs: set[str] = Field(default_factory=set, description="jobs that ever had a serving replica")
-    grace_s: float = Field(default=60.0, ge=0)
+    grace_s: float = Field(default=GRACE_S, ge=0)
     window_s: float = Field(default=300.0, gt=0, description="the p99 SLO window (the tick)")
 
 
@@ -268,6 +276,25 @@ def evaluate(inp: EvalInputs) -> Metrics:
         online_requests=n_online,
         batch_requests=b_total,
     )
+
+
+def window_attainment(jobs: Sequence[Job], records: np.ndarray, n_ticks: int, tick_s: float, horizon_s: float,
+                      grace_s: float = GRACE_S) -> list[tuple[float | None, float | None]]:
+    """(TTFT %, TPOT %) of the online requests arriving in each tick's interval (the formulas above; the
+    figures' SLO attainment over time)."""
+    online = np.array([j.job_class is JobClass.ONLINE for j in jobs], dtype=bool)
+    rec = records[online[records["job"].astype(np.int64)]] if len(records) else records
+    slot = np.floor(rec["arrival"] / tick_s).astype(np.int64) if len(rec) else np.zeros(0, np.int64)
+    order = np.argsort(slot, kind="stable")
+    rec, slot = rec[order], slot[order]
+    bounds = np.searchsorted(slot, np.arange(n_ticks + 1))
+    out: list[tuple[float | None, float | None]] = []
+    for n in range(n_ticks):
+        part = rec[bounds[n]: bounds[n + 1]]
+        m = evaluate(EvalInputs(jobs=list(jobs), records=part, horizon_s=horizon_s, fleet_cost_usd=0.0,
+                                reserved_cost_usd=0.0, grace_s=grace_s, window_s=tick_s))
+        out.append((None, None) if m.online_requests == 0 else (m.ttft_attainment_pct, m.tpot_attainment_pct))
+    return out
 
 
 def aggregate(runs: Sequence[Metrics]) -> dict[str, tuple[float, float]]:

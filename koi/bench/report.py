@@ -24,7 +24,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -360,9 +360,11 @@ def write_report(scenario: str, digest: str, hours: float, runs: Sequence[RunRes
 
 
 def select_runs(scenario: str, *, cache_dir: str | Path | None = None, hours: float | None = None,
-                via: str = "in-process") -> tuple[str, str, float, list[RunResult]]:
+                via: str = "in-process", policies: Collection[str] | None = None,
+                seeds: Collection[int] | None = None) -> tuple[str, str, float, list[RunResult]]:
     """(scenario name, digest, hours, runs) to report on: the cached runs of the scenario's current
-    file at ``hours`` (default: its duration; when none ran that long, the horizon most runs used).
+    file at ``hours`` (default: its duration; when none ran that long, the horizon most runs used),
+    of ``policies`` and ``seeds`` when given (default: every cached one).
 
     A language-model policy may have runs of several model setups for one seed (its key carries the
     setup): the one the settings give now is reported, else the latest made."""
@@ -374,7 +376,8 @@ def select_runs(scenario: str, *, cache_dir: str | Path | None = None, hours: fl
     sc, _path = load(scenario)
     digest = scenario_digest(sc)
     cache = RunCache(cache_dir, via=via)
-    runs = cache.runs(sc.name, digest=digest)
+    runs = [r for r in cache.runs(sc.name, digest=digest)
+            if (policies is None or r.key.policy in policies) and (seeds is None or r.key.seed in seeds)]
     h = float(hours) if hours is not None else sc.duration_s / 3600.0
     chosen = [r for r in runs if abs(r.key.hours - h) < 1e-9]
     if not chosen and hours is None and runs:
@@ -401,13 +404,19 @@ def _one_per_seed(runs: list[RunResult]) -> list[RunResult]:
 
 
 def rebuild(scenario: str, *, cache_dir: str | Path | None = None, hours: float | None = None,
-            via: str = "in-process", figures: bool = True) -> Report:
-    """Tables and figures of a scenario from its cached runs, written under its report directory."""
+            via: str = "in-process", figures: bool = True, policies: Collection[str] | None = None,
+            seeds: Collection[int] | None = None) -> Report:
+    """Tables and figures of a scenario from its cached runs (optionally of some policies and seeds),
+    written under its report directory."""
     from koi.bench.cache import RunCache
 
-    name, digest, h, runs = select_runs(scenario, cache_dir=cache_dir, hours=hours, via=via)
+    name, digest, h, runs = select_runs(scenario, cache_dir=cache_dir, hours=hours, via=via, policies=policies,
+                                        seeds=seeds)
     if not runs:
-        raise LookupError(f"no cached runs of {scenario!r} (hours {h:g}); run `koi bench run --scenario {scenario}` first")
+        which = "".join([f", policies {', '.join(sorted(policies))}" if policies is not None else "",
+                         f", seeds {', '.join(map(str, sorted(seeds)))}" if seeds is not None else ""])
+        raise LookupError(f"no cached runs of {scenario!r} (hours {h:g}{which}); "
+                          f"run `koi bench run --scenario {scenario}` first")
     out = RunCache(cache_dir, via=via).report_dir(name)
     figs: dict[str, Path] = {}
     if figures:

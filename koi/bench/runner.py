@@ -56,10 +56,27 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
-from koi.bench.cache import JobInfo, RunCache, RunKey, RunMeta, RunResult, code_digest, scenario_digest
-from koi.bench.evaluator import EvalInputs, Metrics, TickTrace, evaluate
+from koi.bench.cache import (
+    JobInfo,
+    RunCache,
+    RunEvalInputs,
+    RunKey,
+    RunMeta,
+    RunResult,
+    code_digest,
+    scenario_digest,
+)
+from koi.bench.evaluator import (
+    EVAL_VERSION,
+    GRACE_S,
+    EvalInputs,
+    Metrics,
+    TickTrace,
+    evaluate,
+    window_attainment,
+)
 from koi.bench.policy import BenchContext, Family, PolicySpec, get_policy
-from koi.domain import ActionType, DeploymentState, Job, JobClass
+from koi.domain import ActionType, DeploymentState, Job
 from koi.logging import get_logger
 
 log = get_logger(__name__)
@@ -205,25 +222,6 @@ class _Learning:
         }
 
 
-# ---- per-tick attainment ------------------------------------------------------------------------------------
-def window_attainment(jobs: Sequence[Job], records: np.ndarray, n_ticks: int, tick_s: float, horizon_s: float,
-                      grace_s: float = 60.0) -> list[tuple[float | None, float | None]]:
-    """(TTFT %, TPOT %) of the online requests arriving in each tick's interval (the evaluator's formulas)."""
-    online = np.array([j.job_class is JobClass.ONLINE for j in jobs], dtype=bool)
-    rec = records[online[records["job"].astype(np.int64)]] if len(records) else records
-    slot = np.floor(rec["arrival"] / tick_s).astype(np.int64) if len(rec) else np.zeros(0, np.int64)
-    order = np.argsort(slot, kind="stable")
-    rec, slot = rec[order], slot[order]
-    bounds = np.searchsorted(slot, np.arange(n_ticks + 1))
-    out = []
-    for n in range(n_ticks):
-        part = rec[bounds[n]: bounds[n + 1]]
-        m = evaluate(EvalInputs(jobs=list(jobs), records=part, horizon_s=horizon_s, fleet_cost_usd=0.0,
-                                reserved_cost_usd=0.0, grace_s=grace_s))
-        out.append((None, None) if m.online_requests == 0 else (m.ttft_attainment_pct, m.tpot_attainment_pct))
-    return out
-
-
 # ---- assembling a run's result ----------------------------------------------------------------------------
 _PLACE = {ActionType.PLACE, ActionType.RESUME, ActionType.RETRY}
 
@@ -348,14 +346,16 @@ def assemble(
                 serving_jobs=[j for j in view.serving_jobs if j in job_ids], **extra,
             ))  # fmt: skip
         llm = run_llm_use(s, cluster_id, n_ticks)
-    for t, (a, b) in zip(trace, window_attainment(jobs, rec, n_ticks, tick_s, horizon), strict=True):
+    for t, (a, b) in zip(trace, window_attainment(jobs, rec, n_ticks, tick_s, horizon, GRACE_S), strict=True):
         t.ttft_attainment, t.tpot_attainment = a, b
     cost = final_world.cost()
     reserved, _used = final_world.fleet.reserved_commitment(final_world.now())
     admitted = {e["job_id"] for e in final_world.events() if e.get("kind") == "replica_ready"} & job_ids
-    metrics = evaluate(EvalInputs(jobs=jobs, records=rec, horizon_s=horizon, fleet_cost_usd=float(cost["total"]),
-                                  reserved_cost_usd=float(reserved), trace=trace, admitted_jobs=admitted,
-                                  window_s=tick_s))
+    stored = RunEvalInputs(jobs=jobs, fleet_cost_usd=float(cost["total"]), reserved_cost_usd=float(reserved),
+                           admitted_jobs=sorted(admitted), grace_s=GRACE_S)
+    metrics = evaluate(EvalInputs(jobs=jobs, records=rec, horizon_s=horizon, fleet_cost_usd=stored.fleet_cost_usd,
+                                  reserved_cost_usd=stored.reserved_cost_usd, trace=trace, admitted_jobs=admitted,
+                                  grace_s=GRACE_S, window_s=tick_s))
     committed = sum(1 for t in trace if t.outcome == "committed")
     meta = RunMeta(
         label=spec.label, family=str(spec.family.value), via=via, cluster_id=cluster_id,
@@ -363,12 +363,13 @@ def assemble(
         horizon_s=horizon, ticks_committed=committed, ticks_fallback=n_ticks - committed, fallbacks=fallbacks,
         wall_s=round(clock.wall_s, 3), cpu_s=round(clock.cpu_s, 3), load_before=clock.load_before,
         load_after=clock.load_after, stage_s={k: round(v, 3) for k, v in sorted(stage_s.items())},
-        sim_s=round(clock.sim_s, 3), llm=llm, koi_version=__version__, code_digest=code_digest(),
+        sim_s=round(clock.sim_s, 3), llm=llm, koi_version=__version__, code_digest=code_digest(), eval_version=EVAL_VERSION,
         finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )  # fmt: skip
     info = [JobInfo(job_id=j.job_id, job_class=j.job_class.value, model=j.model, submitted_at=j.submitted_at)
             for j in jobs]
-    return RunResult(key=key, meta=meta, metrics=metrics, trace=trace, plans=plans, jobs=info), rec
+    return RunResult(key=key, meta=meta, metrics=metrics, trace=trace, plans=plans, jobs=info,
+                     eval_inputs=stored), rec
 
 
 # ---- the in-process run -------------------------------------------------------------------------------------

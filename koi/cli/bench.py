@@ -406,15 +406,22 @@ def report(
     via: str = VIA,
     cache_dir: Path | None = CACHE,
     no_figures: bool = typer.Option(False, "--no-figures"),
+    policies: str = typer.Option("all", "--policies", help="'all' (every cached one) or comma-separated names"),
+    seeds: int | None = typer.Option(None, "--seeds", min=1,
+                                     help="only seeds first-seed … first-seed + N − 1 (default: every cached one)"),
+    first_seed: int = typer.Option(0, "--first-seed", min=0),
     json_out: bool = JSON,
 ) -> None:
-    """Rebuild the tables and figures from cached runs; --json prints each policy's mean metrics."""
+    """Rebuild the tables and figures from cached runs (runs scored by an older evaluator are re-scored
+    from their records); --json prints each policy's mean metrics."""
     from koi.bench.report import rebuild
 
     _quiet(False)
+    names = None if policies.strip().lower() == "all" else {p.name for p in _policies(policies)}
+    chosen = None if seeds is None else set(range(first_seed, first_seed + seeds))
     try:
         rep = rebuild(scenario, cache_dir=str(cache_dir) if cache_dir else None, hours=hours, via=via,
-                      figures=not no_figures)
+                      figures=not no_figures, policies=names, seeds=chosen)
     except (LookupError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
         return
