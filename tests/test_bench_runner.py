@@ -274,6 +274,22 @@ def test_a_run_of_another_evaluator_version_is_rescored_from_its_records_not_rer
     assert cache.load(det_run.key).metrics.composite == 1.0
 
 
+def test_a_run_of_a_newer_evaluator_is_rescored_for_this_reader_but_not_overwritten(det_run, cache_dir, tmp_path):
+    """A checkout behind another that shares the cache reads the run under its own formulas and leaves
+    the newer document on disk untouched (no ping-pong of scores between two checkouts)."""
+    from koi.bench.evaluator import EVAL_VERSION
+
+    def newer(data: dict) -> None:
+        data["meta"]["eval_version"] = EVAL_VERSION + 1
+        data["metrics"]["composite"] = 99.0
+
+    cache, p = _stale_copy(det_run, cache_dir, tmp_path / "new", newer)
+    before = p.read_text()
+    got = cache.load(det_run.key)
+    assert got is not None and got.metrics == det_run.metrics and got.meta.eval_version == EVAL_VERSION
+    assert p.read_text() == before
+
+
 def test_a_stale_run_that_cannot_be_rescored_is_a_miss(det_run, cache_dir, tmp_path):
     from koi.bench.evaluator import EVAL_VERSION
 

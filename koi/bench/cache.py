@@ -20,7 +20,10 @@ A change to the *formulas* does not: every document also stores the evaluator's 
 document of another evaluator version is **re-scored** on read from its records and trace — the
 metrics and the per-tick attainments recomputed, the document rewritten — instead of simulated again
 (a three-hour language-model run takes up to 40 minutes; re-scoring it, about a second). A document
-without those inputs (written before they were stored) or whose records are gone is a miss.
+without those inputs (written before they were stored) or whose records are gone is a miss. Only a
+document of an *older* evaluator is rewritten: one scored by a newer evaluator (a checkout behind
+another that shares the cache) is re-scored in memory for this reader and left on disk as it was,
+so two checkouts never take turns downgrading each other's scores.
 
 JSON is written with ``allow_nan`` (``Infinity`` for a cost per SLO token with no SLO token)
 and read back the same way; files are written to a temporary name and renamed, so a run
@@ -210,7 +213,8 @@ class RunCache:
             meta = data.get("meta", {})
             if meta.get("runner_version") != RUNNER_VERSION:
                 return None
-            stale = meta.get("eval_version", 1) != EVAL_VERSION
+            stored_version = int(meta.get("eval_version", 1))
+            stale = stored_version != EVAL_VERSION
             if stale:
                 data = self._rescored(data, path.with_suffix(".npz"))
                 if data is None:
@@ -220,7 +224,7 @@ class RunCache:
             return None
         if key is not None and res.key != key:
             return None
-        if stale:
+        if stale and stored_version < EVAL_VERSION:  # never downgrade a newer evaluator's document
             with contextlib.suppress(OSError):  # a read-only cache still reports the re-scored numbers
                 self._write_json(res, path)
         return res.model_copy(update={"cached": True})
