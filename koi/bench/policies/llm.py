@@ -20,8 +20,10 @@ admitted — the same net for all). Temperature 0, the endpoint's ``seed`` from 
 Token use and dollars are stored per tick as the stage output ``S4_llm/a<attempt>`` (the same
 :class:`koi.agent.llm.Usage` the RLM reports carry). With ``KOI_LLM_RESPONSE_FORMAT`` (or option
 ``response_format``) set to ``json_schema`` or ``json_object`` the endpoint decodes under the plan's
-JSON Schema for this tick (:mod:`koi.agent.plan_schema`), on both turns; the prompt is unchanged, so
-the two rows differ only in how the reply is decoded. The run records which (``decoding``).
+JSON Schema for this tick (:mod:`koi.agent.plan_schema`), on both turns: actions keyed by job id, so
+no job gets two. The prompt's format example is then that keyed form (:data:`PLAN_EXAMPLE_BY_JOB`; the
+rules are unchanged): a model shown one form and held to another by the grammar wastes its few
+tokens fighting it. The run records the decoding and the plan form (part of its cache key).
 No PerfDB, S2/S3 off: it learns nothing (what it sees of the past is the current deployments in the
 snapshot).
 
@@ -38,7 +40,7 @@ import json
 from typing import Any
 
 from koi import catalog
-from koi.agent.plan_schema import check_response_format, plan_schema, response_format
+from koi.agent.plan_schema import PLAN_SHAPE, check_response_format, plan_schema, response_format
 from koi.bench.policies._common import PolicyProposer
 from koi.bench.policies.koi_variants import rlm_config
 from koi.bench.policy import BenchContext, Family, PolicySpec, register
@@ -70,6 +72,14 @@ replica's GPU memory; fp8 weights (config.weight_dtype = "fp8") only on GPUs wit
 - Goals: every online job meets its p99 TTFT/TPOT targets at its request rate, every batch job \
 finishes its requests before its deadline, at the lowest cost; admit every job you can.
 """
+
+#: the plan as constrained decoding writes it (:mod:`koi.agent.plan_schema`): actions keyed by job id
+PLAN_EXAMPLE_BY_JOB = {"actions": {
+    "job_123": {"type": "place", "ladder": [{"env": ["reserved", "aws", "us-east-1", "use1-az1", "H100"],
+                                              "config": {"instance_type": "p5.48xlarge", "tp": 4, "pp": 1},
+                                              "n_replicas": 2}]},
+    "job_456": {"type": "keep", "ladder": []},
+}}
 
 REPAIR = """\
 Your plan could not be used:
@@ -150,12 +160,12 @@ def extract_plan_json(text: str) -> str | None:
     start = text.find("{")
     while start >= 0:
         try:
-            obj, _ = dec.raw_decode(text[start:])
+            obj, end = dec.raw_decode(text, start)
         except ValueError:
             start = text.find("{", start + 1)
             continue
         if isinstance(obj, dict) and "actions" in obj:
-            return json.dumps(obj)
+            return text[start:end]  # the text as written: the parser names a key written twice, a re-dump would hide it
         start = text.find("{", start + 1)
     return None
 
@@ -188,7 +198,8 @@ class LlmOnly(PolicyProposer):
 
         snap = ctx.snapshot
         budget = load_planning_context(ctx.session, ctx.cluster_id, ctx.tick).knobs.swap_budget
-        system = SYSTEM.format(plan_example=json.dumps(PLAN_EXAMPLE, indent=1), swap_budget=budget)
+        example = PLAN_EXAMPLE if self.decoding == "none" else PLAN_EXAMPLE_BY_JOB
+        system = SYSTEM.format(plan_example=json.dumps(example, indent=1), swap_budget=budget)
         user = render_snapshot(snap, budget)
         if ctx.feedback:
             user += "\n\nThe previous plan of this tick was rejected by validation:\n" + "\n".join(
@@ -196,7 +207,8 @@ class LlmOnly(PolicyProposer):
         messages = [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)]
         metered = MeteredModel(self.model(), self.settings.llm_price_per_mtok_in, self.settings.llm_price_per_mtok_out)
         seed = self.llm_seed(ctx)
-        fmt = response_format(self.decoding, plan_schema(snap)) if self.decoding != "none" else None  # no schema built for free text
+        fmt = (response_format(self.decoding, plan_schema(snap, every_job=self.decoding == "json_schema"))
+               if self.decoding != "none" else None)  # no schema built for free text
         plan: Plan | None = None
         problems: list[str] = []
         for turn in range(2):
@@ -263,8 +275,11 @@ def llm_setup(policy: str, settings: Any) -> dict[str, Any]:
     """What a language-model policy's results depend on beyond the scenario and seed: the model, the caps it
     runs under and (LLM-only) its decoding. The endpoint's address is left out: the same model served
     elsewhere is the same setup."""
-    return {"model": settings.llm_model or "", "caps": configured_caps(policy, settings),
-            "decoding": settings.llm_response_format if policy == "llm-only" else None}
+    out = {"model": settings.llm_model or "", "caps": configured_caps(policy, settings),
+           "decoding": settings.llm_response_format if policy == "llm-only" else None}
+    if out["decoding"] not in (None, "none"):
+        out["plan_shape"] = PLAN_SHAPE  # the constrained form; runs under the earlier actions[] schema had none
+    return out
 
 
 def llm_setup_tag(policy: str, settings: Any) -> str:
