@@ -10,6 +10,7 @@ report and Temporal tests import them from here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -633,3 +634,25 @@ def test_a_runs_code_digest_is_read_when_the_run_starts(tiny, tmp_path):
                   on_tick=lambda done, total: cached_at_tick.append(code_digest.cache_info().currsize))
     assert cached_at_tick and cached_at_tick[0] == 1
     assert res.meta.code_digest == code_digest()
+
+
+def test_the_constrained_plan_form_is_part_of_an_llm_only_runs_key_and_free_text_keeps_its_key():
+    """Runs decoded under the earlier actions[] schema must not be read as runs of the keyed one (another
+    grammar, another prompt example); free-text runs and Koi-with-LLM runs are what they were."""
+    from types import SimpleNamespace
+
+    from koi.agent.plan_schema import PLAN_SHAPE
+    from koi.bench.policies.llm import llm_setup, llm_setup_tag
+
+    def settings(fmt: str) -> SimpleNamespace:
+        return SimpleNamespace(llm_model="m", llm_max_tokens=768, llm_response_format=fmt)
+
+    assert llm_setup("llm-only", settings("json_object"))["plan_shape"] == PLAN_SHAPE == "by-job"
+    assert "plan_shape" not in llm_setup("llm-only", settings("none"))
+    # the free-text key as it was before the keyed schema: sha256 of exactly these fields
+    before = hashlib.sha256(json.dumps({"caps": {"max_tokens": 768}, "decoding": "none", "model": "m"},
+                                       sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert llm_setup_tag("llm-only", settings("none")) == before
+    constrained_before = hashlib.sha256(json.dumps({"caps": {"max_tokens": 768}, "decoding": "json_object", "model": "m"},
+                                                   sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert llm_setup_tag("llm-only", settings("json_object")) != constrained_before
