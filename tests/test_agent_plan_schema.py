@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from koi.agent import demo
-from koi.agent.parse import PlanParseError, parse_plan
+from koi.agent.parse import PlanParseError, parse_plan, salvage_cut_plan
 from koi.agent.plan_schema import RESPONSE_FORMATS, check_response_format, plan_schema, response_format
 
 
@@ -163,3 +163,19 @@ def test_the_two_wire_forms(snap):
     assert [check_response_format(k) for k in RESPONSE_FORMATS] == ["none", "json_schema", "json_object"]
     with pytest.raises(ValueError, match="expected one of none, json_schema, json_object"):
         check_response_format("json")
+
+
+def test_a_plan_cut_at_the_token_cap_keeps_its_whole_actions(snap):
+    """salvage_cut_plan: the actions before the cut, closed, in either form; a key written twice still reaches
+    the parser; nothing when no action was complete or there is no plan at all."""
+    text = json.dumps(a_plan(snap))
+    cut = text[:text.index('"chat-8b"') + 20]  # inside chat-8b's action, after batch-8b's and chat-70b's
+    plan = parse_plan(salvage_cut_plan(cut), snap)
+    assert [a.job_id for a in plan.actions] == ["batch-8b", "chat-70b"]
+    listed = json.dumps({"actions": [{"job_id": j, **a} for j, a in a_plan(snap)["actions"].items()]})
+    assert [a.job_id for a in parse_plan(salvage_cut_plan("```json\n" + listed[:-30]), snap).actions] == ["batch-8b", "chat-70b"]
+    twice = cut.replace('"chat-70b"', '"batch-8b"')
+    with pytest.raises(PlanParseError, match="a second action for job 'batch-8b'"):
+        parse_plan(salvage_cut_plan(twice), snap)
+    assert salvage_cut_plan(text[:text.index('"batch-8b"') + 25]) is None
+    assert salvage_cut_plan("I would place chat-70b on H100s") is None

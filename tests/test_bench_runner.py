@@ -656,3 +656,44 @@ def test_the_constrained_plan_form_is_part_of_an_llm_only_runs_key_and_free_text
     constrained_before = hashlib.sha256(json.dumps({"caps": {"max_tokens": 768}, "decoding": "json_object", "model": "m"},
                                                    sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert llm_setup_tag("llm-only", settings("json_object")) != constrained_before
+
+
+@pytest.mark.parametrize("cut_after", ["one action", "nothing"])
+def test_llm_only_keeps_the_whole_actions_of_a_reply_cut_at_its_token_cap(tiny, tmp_path, monkeypatch, cut_after):
+    """A reply stopped by max_tokens (finish_reason "length") ends inside an action. With one action written in
+    full, that action is the model's plan (the rest are omitted jobs) and no repair turn is spent; cut before
+    any action was complete, the repair turn says the reply was cut and to write fewer actions."""
+    from fakes.openai_server import FakeOpenAIServer
+    from typer.testing import CliRunner
+
+    from koi.bench.runner import load
+    from koi.cli import app
+    from koi.config import get_settings
+
+    job = sorted(j.job.job_id for j in load(tiny)[0].jobs)[0]
+    head = '{"actions": {' + (json.dumps(job) + ': {"type": "defer", "ladder": []}, ' if cut_after == "one action" else "")
+
+    def respond(messages, body):
+        if "was cut at the cap of" in messages[-1]["content"]:
+            return '{"actions": {}}'  # the repair turn, told why
+        return {"content": head + '"zz-job": {"type": "pla', "finish_reason": "length"}
+
+    args = ["bench", "run", "--scenario", str(tiny), "--policies", "llm-only", "--seeds", "1", "--hours", str(HOURS),
+            "--jobs", "1", "--cache-dir", str(tmp_path), "--json"]
+    try:
+        with FakeOpenAIServer(responder=respond) as srv:
+            monkeypatch.setenv("KOI_LLM_BASE_URL", srv.url)
+            monkeypatch.setenv("KOI_LLM_MODEL", "model-a")
+            monkeypatch.setenv("KOI_LLM_RESPONSE_FORMAT", "json_object")
+            get_settings.cache_clear()
+            res = CliRunner().invoke(app, args)
+            assert res.exit_code == 0, res.output
+            row = json.loads(res.stdout)["report"]["policies"]["llm-only"]
+            assert row["llm"]["model_plans"] == row["llm"]["ticks"] == 2
+            assert len(srv.requests) == (2 if cut_after == "one action" else 4)
+            assert row["llm"]["cut_plans"] == (2 if cut_after == "one action" else 0)
+            table = (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
+            assert ("2/2 (100%), 2 cut" in table) is (cut_after == "one action")
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()

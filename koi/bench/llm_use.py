@@ -29,6 +29,8 @@ class LlmUse(KoiModel):
     model: str = Field(default="", description="the model's name as configured (KOI_LLM_MODEL)")
     ticks: int = Field(default=0, description="ticks with a stored LLM planner report")
     model_plans: int = Field(default=0, description="ticks whose S4 proposal is the model's plan")
+    cut_plans: int = Field(default=0, description="of the model's plans, those kept from a reply cut at the token "
+                                                   "cap (its actions written in full; LLM-only)")
     fallback_plans: int = Field(default=0, description="ticks whose proposal is the fallback (keep/defer, or the "
                                                        "deterministic anchor for the RLM planner)")
     caps: dict[str, float] = Field(default_factory=dict, description="the bounds the planner ran under (its "
@@ -47,7 +49,7 @@ class LlmUse(KoiModel):
         agreed = {k: v for k, v in self.caps.items() if other.caps.get(k) == v}
         decodings = sorted({d for d in (self.decoding, other.decoding) if d})
         return LlmUse(model=",".join(names), caps=agreed, decoding=",".join(decodings), ticks=self.ticks + other.ticks,
-                      model_plans=self.model_plans + other.model_plans,
+                      model_plans=self.model_plans + other.model_plans, cut_plans=self.cut_plans + other.cut_plans,
                       fallback_plans=self.fallback_plans + other.fallback_plans, usage=self.usage.merge(other.usage))
 
 
@@ -62,7 +64,7 @@ def _attempt(stage: str, prefix: str) -> int | None:
 def tick_llm_use(rows: list[Any]) -> LlmUse | None:
     """One tick's use from its stage-output rows (anything with ``stage`` and ``payload``); None if no report."""
     usage = Usage()
-    last: tuple[int, bool, str, dict[str, float], str] | None = None  # (attempt, model's plan?, model, caps, decoding)
+    last: tuple[int, bool, str, dict[str, float], str, bool] | None = None  # (attempt, model's plan?, model, caps, decoding, cut?)
     for row in rows:
         stage, payload = str(row.stage), row.payload or {}
         if not isinstance(payload, dict):
@@ -83,10 +85,12 @@ def tick_llm_use(rows: list[Any]) -> LlmUse | None:
                 last = (k, mine, str(payload.get("model") or ""),
                         {str(c): float(v) for c, v in caps.items() if isinstance(v, int | float)}
                         if isinstance(caps, dict) else {},
-                        str(payload.get("decoding") or "") if prefix == "S4_llm" else "")
+                        str(payload.get("decoding") or "") if prefix == "S4_llm" else "",
+                        mine and payload.get("cut") is True)
     if last is None:
         return None
-    return LlmUse(model=last[2], caps=last[3], decoding=last[4], ticks=1, model_plans=int(last[1]), fallback_plans=int(not last[1]), usage=usage)
+    return LlmUse(model=last[2], caps=last[3], decoding=last[4], ticks=1, model_plans=int(last[1]),
+                  cut_plans=int(last[5]), fallback_plans=int(not last[1]), usage=usage)
 
 
 def run_llm_use(session: Any, cluster_id: str, n_ticks: int) -> LlmUse | None:

@@ -7,7 +7,8 @@ records each request (path, headers, JSON body) so a test can assert on the prom
 Replies come from a ``responder(messages, body) -> str | dict`` (a scripted policy) or
 from a queue of canned replies. A dict reply may set ``content``, ``status`` (an HTTP
 error code, answered with an OpenAI-style error body), ``delay_s``, ``usage``
-(``{"prompt_tokens", "completion_tokens"}``; default: chars / 4) and ``omit_usage``.
+(``{"prompt_tokens", "completion_tokens"}``; default: chars / 4), ``omit_usage`` and
+``finish_reason`` (default ``stop``; ``length`` is a reply cut at ``max_tokens``).
 
 Only the stdlib: ``http.server.ThreadingHTTPServer`` on ``127.0.0.1:0`` in a daemon
 thread. Use as a context manager; ``close()`` shuts it down.
@@ -140,7 +141,7 @@ class FakeOpenAIServer:
             "object": "chat.completion",
             "created": 0,
             "model": body.get("model", self.model),
-            "choices": [{"index": 0, "finish_reason": "stop",
+            "choices": [{"index": 0, "finish_reason": str(reply.get("finish_reason", "stop")),
                          "message": {"role": "assistant", "content": content}}],
         }
         if not reply.get("omit_usage"):

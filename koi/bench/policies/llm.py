@@ -14,7 +14,12 @@ now) — the plan format (the white paper's plan JSON, :data:`koi.agent.prompts.
 the rules (one action per job, capacity, TP dividing the heads, a swap budget), and answers with
 one JSON plan. No tools, no predictions, no scores. A reply that does not parse or shape-check
 (:func:`koi.agent.parse.parse_plan`) gets **one** repair turn listing every problem; a second
-failure gives keep/defer for everyone. Jobs the plan omits keep (running) or defer (pending).
+failure gives keep/defer for everyone. Jobs the plan omits keep (running) or defer (pending). A reply
+cut at the token cap (``finish_reason == "length"``) keeps the actions it wrote in full
+(:func:`koi.agent.parse.salvage_cut_plan`: the cut one and those after it are omitted jobs, no
+repair turn; the stage output says ``cut``); one cut before any action was complete gets the repair
+turn, told to write fewer actions. (SmolLM2 at a 768-token cap was cut on 2 of its first 18 ticks of
+hetero-3h seed 0; each such tick was lost, or cost a second call, before.)
 Then S5 validates it like any plan (an invalid action is reverted, a wrongly deferred job
 admitted — the same net for all). Temperature 0, the endpoint's ``seed`` from the run seed.
 Token use and dollars are stored per tick as the stage output ``S4_llm/a<attempt>`` (the same
@@ -192,7 +197,7 @@ class LlmOnly(PolicyProposer):
 
     def propose(self, ctx: Any) -> Plan:
         from koi.agent.llm import ChatMessage, MeteredModel
-        from koi.agent.parse import PlanParseError, keep_defer_plan, parse_plan
+        from koi.agent.parse import PlanParseError, keep_defer_plan, parse_plan, salvage_cut_plan
         from koi.agent.prompts import PLAN_EXAMPLE
         from koi.planning.tick import load_planning_context
 
@@ -211,13 +216,20 @@ class LlmOnly(PolicyProposer):
                if self.decoding != "none" else None)  # no schema built for free text
         plan: Plan | None = None
         problems: list[str] = []
+        cut = False
         for turn in range(2):
             reply = metered.complete(messages, temperature=0.0, max_tokens=self.max_tokens, seed=seed,
                                      response_format=fmt)
             raw = extract_plan_json(reply.content)
+            cut = raw is None and reply.finish_reason == "length"
+            if cut:
+                raw = salvage_cut_plan(reply.content)
             try:
                 if raw is None:
-                    raise PlanParseError(["no JSON object with 'actions' found in the reply"])
+                    raise PlanParseError([
+                        f"the reply was cut at the cap of {self.max_tokens} tokens before one action was complete: "
+                        "write fewer actions (jobs you omit keep running or keep waiting)" if cut else
+                        "no JSON object with 'actions' found in the reply"])
                 plan = parse_plan(raw, snap, proposer=self.policy)
                 break
             except PlanParseError as exc:
@@ -230,17 +242,17 @@ class LlmOnly(PolicyProposer):
         if plan is None:
             plan = keep_defer_plan(snap, proposer=self.policy,
                                    rationale="llm-only: no usable plan after one repair: " + "; ".join(problems[:5]))
-        self._persist(ctx, status, problems, metered.usage, metered.name)
+        self._persist(ctx, status, problems, metered.usage, metered.name, cut=cut and status == "parsed")
         return plan
 
-    def _persist(self, ctx: Any, status: str, problems: list[str], usage: Any, model: str) -> None:
+    def _persist(self, ctx: Any, status: str, problems: list[str], usage: Any, model: str, *, cut: bool) -> None:
         if ctx.session is None:
             return
         from koi.store.repos.stages import digest, save_stage_output
 
         save_stage_output(ctx.session, ctx.cluster_id, ctx.tick, f"S4_llm/a{ctx.attempt}",
                           {"policy": self.policy, "model": model, "caps": {"max_tokens": self.max_tokens},
-                           "decoding": self.decoding,
+                           "decoding": self.decoding, "cut": cut,
                            "status": status, "problems": problems[:20],
                            "usage": usage.model_dump(mode="json")},
                           input_digest=digest({"attempt": ctx.attempt}))
