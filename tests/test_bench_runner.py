@@ -411,7 +411,9 @@ def test_llm_only_with_constrained_decoding_sends_the_ticks_schema_and_records_i
     def respond(messages, body):
         schema = body["response_format"]["schema"]
         assert '"job_456": {' in messages[0]["content"]  # the prompt shows the keyed form the grammar holds it to
-        plan = {"actions": {}}
+        keyed = schema["properties"]["actions"]["properties"]  # every job's key is required: keep or defer each
+        plan = {"actions": {j: {"type": "defer" if ref["$ref"].endswith("/pending") else "keep", "ladder": []}
+                            for j, ref in keyed.items()}}
         jsonschema.validate(plan, schema)
         return json.dumps(plan)
 
@@ -433,7 +435,7 @@ def test_llm_only_with_constrained_decoding_sends_the_ticks_schema_and_records_i
                 assert fmt["type"] == "json_object"
                 keyed = fmt["schema"]["properties"]["actions"]
                 assert keyed["properties"] and set(keyed["properties"]) <= jobs
-                assert keyed["required"] == []  # json_object: llama.cpp's grammar leaves omitted jobs to keep/defer
+                assert keyed["required"] == sorted(keyed["properties"])  # an action for every job, as the prompt asks
             assert "model-a (json_object)" in (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
     finally:
         monkeypatch.undo()
@@ -647,7 +649,7 @@ def test_the_constrained_plan_form_is_part_of_an_llm_only_runs_key_and_free_text
     def settings(fmt: str) -> SimpleNamespace:
         return SimpleNamespace(llm_model="m", llm_max_tokens=768, llm_response_format=fmt)
 
-    assert llm_setup("llm-only", settings("json_object"))["plan_shape"] == PLAN_SHAPE == "by-job"
+    assert llm_setup("llm-only", settings("json_object"))["plan_shape"] == PLAN_SHAPE == "by-job:every-job"
     assert "plan_shape" not in llm_setup("llm-only", settings("none"))
     # the free-text key as it was before the keyed schema: sha256 of exactly these fields
     before = hashlib.sha256(json.dumps({"caps": {"max_tokens": 768}, "decoding": "none", "model": "m"},

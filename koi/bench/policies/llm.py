@@ -212,8 +212,7 @@ class LlmOnly(PolicyProposer):
         messages = [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)]
         metered = MeteredModel(self.model(), self.settings.llm_price_per_mtok_in, self.settings.llm_price_per_mtok_out)
         seed = self.llm_seed(ctx)
-        fmt = (response_format(self.decoding, plan_schema(snap, every_job=self.decoding == "json_schema"))
-               if self.decoding != "none" else None)  # no schema built for free text
+        fmt = response_format(self.decoding, plan_schema(snap)) if self.decoding != "none" else None  # no schema built for free text
         plan: Plan | None = None
         problems: list[str] = []
         cut = False
