@@ -18,7 +18,7 @@ instance type), a TP wider than the pool's instance. What it cannot say — capa
 dividing the heads — stays with :func:`koi.agent.parse.parse_plan` and S5, as for every planner.
 
 Choices where the spec is vague (it defines the plan JSON, not a schema for it):
-- **Keyed by job** (``PLAN_SHAPE = "by-job"``): ``{"actions": {"<job_id>": {"type", "ladder"}}}``, an
+- **Keyed by job** (``PLAN_SHAPE``): ``{"actions": {"<job_id>": {"type", "ladder"}}}``, an
   object whose properties are the tick's live jobs, instead of the spec's ``actions[]`` array. A
   grammar over an array of actions cannot forbid two actions for one job (``uniqueItems`` compares
   whole items, and grammar converters ignore it), and a small model did write two — the parser
