@@ -26,16 +26,11 @@ def a_plan(snap):
     """Keep the active job, place each pending one on the H100 pool, a whole instance per replica."""
     pool = next(p for p in snap.resources.pools if p.env.gpu_type == "H100")
     rank = {"env": _env(pool), "config": {"instance_type": pool.instance_type, "tp": 8, "pp": 1}, "n_replicas": 1}
-    return {"actions": {
-        js.job.job_id: {"type": "keep" if js.status.value == "active" else "place",
-                        "ladder": [] if js.status.value == "active" else [rank]}
+    return {"actions": [
+        {"job_id": js.job.job_id, "type": "keep" if js.status.value == "active" else "place",
+         "ladder": [] if js.status.value == "active" else [rank]}
         for js in sorted(snap.jobs, key=lambda js: js.job.job_id)
-    }}
-
-
-def _nth(plan, i):
-    """The i-th job's action of a keyed plan (jobs in id order: batch-8b, chat-70b, chat-8b)."""
-    return plan["actions"][sorted(plan["actions"])[i]]
+    ]}
 
 
 def _objects(node):
@@ -51,44 +46,38 @@ def _objects(node):
             yield from _objects(child)
 
 
-def test_the_schema_keys_the_snapshots_jobs_and_names_its_pools(snap):
+def test_the_schema_names_the_snapshots_jobs_and_pools(snap):
     s = plan_schema(snap)
+    shapes = {b["properties"]["type"]["enum"][0]: b for b in s["properties"]["actions"]["items"]["anyOf"]}
     status = {js.job.job_id: js.status.value for js in snap.jobs}
-    actions = s["properties"]["actions"]
-    # one property per live job, pointing at the shapes its status allows (C7); a key cannot repeat
-    assert actions["properties"] == {j: {"$ref": f"#/$defs/{st}"} for j, st in status.items()}
-    assert list(actions["properties"]) == sorted(status)
-    kinds = {st: [b["properties"]["type"]["enum"][0] for b in s["$defs"][st]["anyOf"]] for st in ("pending", "active")}
-    assert kinds == {"pending": ["place", "defer"], "active": ["swap", "keep"]}
-    place, defer = s["$defs"]["pending"]["anyOf"]
-    assert place["properties"]["ladder"]["minItems"] == 1 and defer["properties"]["ladder"]["maxItems"] == 0
-    assert s["$defs"]["active"]["anyOf"][0]["properties"]["ladder"]["items"] == {"$ref": "#/$defs/rank"}
+    # one shape per action type, each over the jobs whose status allows it (C7), a ladder only where one is due
+    assert sorted(shapes) == ["defer", "keep", "place", "swap"]
+    for kind, st in (("place", "pending"), ("defer", "pending"), ("swap", "active"), ("keep", "active")):
+        assert shapes[kind]["properties"]["job_id"]["enum"] == sorted(j for j, v in status.items() if v == st)
+    assert shapes["place"]["properties"]["ladder"]["minItems"] == 1 and shapes["keep"]["properties"]["ladder"]["maxItems"] == 0
+    assert shapes["swap"]["properties"]["ladder"]["items"] == {"$ref": "#/$defs/rank"}
     # one rank shape per pool: its environment with its own instance type, TP up to its GPUs per instance
     branches = s["$defs"]["rank"]["anyOf"]
     got = {(tuple(b["properties"]["env"]["enum"][0]), b["properties"]["config"]["properties"]["instance_type"]["enum"][0],
             max(b["properties"]["config"]["properties"]["tp"]["enum"])) for b in branches}
     assert got == {(tuple(_env(p)), p.instance_type, p.gpus_per_instance) for p in snap.resources.pools}
-    # strict mode: every object closed, every property required (every job's key too)
+    assert s["properties"]["actions"]["maxItems"] == len(snap.jobs)
+    # strict mode: every object closed, every property required
     objs = list(_objects(s))
-    assert len(objs) == 1 + 1 + 4 + 2 + 2 * len(branches)  # plan, actions, shapes, keep/defer's empty items, ranks, configs
+    assert len(objs) == 1 + 4 + 2 + 2 * len(branches)  # plan, shapes, keep/defer's empty items, ranks and configs
     for obj in objs:
         assert obj["additionalProperties"] is False and sorted(obj["required"]) == sorted(obj["properties"])
-    # json_object (llama.cpp): the job keys are optional, so an omitted job keeps or defers
-    loose = plan_schema(snap, every_job=False)
-    assert loose["properties"]["actions"]["required"] == []
-    jsonschema.validate({"actions": {}}, loose)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"actions": {}}, s)
 
 
 def test_a_snapshot_with_no_pending_job_or_no_pool_leaves_those_shapes_out(snap):
     active_only = snap.model_copy(update={"jobs": [js for js in snap.jobs if js.status.value == "active"]})
-    assert sorted(plan_schema(active_only)["$defs"]) == ["active", "rank"]
+    kinds = [b["properties"]["type"]["enum"][0] for b in plan_schema(active_only)["properties"]["actions"]["items"]["anyOf"]]
+    assert kinds == ["swap", "keep"]
     no_pool = snap.model_copy(update={"resources": snap.resources.model_copy(update={"pools": []})})
-    s = plan_schema(no_pool, every_job=False)
-    assert {st: [b["properties"]["type"]["enum"][0] for b in d["anyOf"]] for st, d in s["$defs"].items()} == {
-        "pending": ["defer"], "active": ["keep"]}
-    jsonschema.validate({"actions": {"chat-8b": {"type": "keep", "ladder": []}}}, s)
+    s = plan_schema(no_pool)
+    assert [b["properties"]["type"]["enum"][0] for b in s["properties"]["actions"]["items"]["anyOf"]] == ["defer", "keep"]
+    assert "$defs" not in s
+    jsonschema.validate({"actions": [{"job_id": "chat-8b", "type": "keep", "ladder": []}]}, s)
 
 
 def test_a_plan_the_schema_admits_parses_into_the_ticks_actions(snap):
@@ -100,44 +89,23 @@ def test_a_plan_the_schema_admits_parses_into_the_ticks_actions(snap):
     assert keep.ladder is None  # "ladder": [] is no ladder
     placed = next(a for a in plan.actions if a.job_id == "chat-70b")
     assert placed.ladder.ranks[0].config.tp == 8 and placed.ladder.ranks[0].env.gpu_type == "H100"
-    # the spec's actions[] form of the same plan parses to the same actions
-    listed = [{"job_id": j, **a} for j, a in reply["actions"].items()]
-    assert parse_plan({"actions": listed}, snap).actions == plan.actions
-
-
-def test_a_job_keyed_twice_in_free_text_is_named_not_overwritten(snap):
-    """json.loads keeps the last of two equal keys; the parser reads the text itself and refuses the plan,
-    naming the job (a grammar cannot write this; a model writing free text can)."""
-    text = json.dumps(a_plan(snap))
-    twice = text.replace('"chat-8b": {"type": "keep", "ladder": []}',
-                         '"chat-8b": {"type": "keep", "ladder": []}, "chat-8b": {"type": "keep", "ladder": []}')
-    assert twice != text
-    with pytest.raises(PlanParseError, match="a second action for job 'chat-8b'"):
-        parse_plan(twice, snap)
-    with pytest.raises(PlanParseError, match="key 'type' written twice"):
-        parse_plan(text.replace('{"type": "keep",', '{"type": "keep", "type": "swap",'), snap)
-    with pytest.raises(PlanParseError, match="keyed by job 'chat-8b' but names job 'chat-70b'"):
-        parse_plan(text.replace('{"type": "keep",', '{"job_id": "chat-70b", "type": "keep",'), snap)
-    with pytest.raises(PlanParseError, match="actions.chat-8b: an action is an object, got str"):
-        parse_plan(text.replace('{"type": "keep", "ladder": []}', '"keep"'), snap)
 
 
 @pytest.mark.parametrize("mutate, refused_by_parser", [
-    (lambda p: p["actions"].update({"no-such-job": {"type": "keep", "ladder": []}}), True),
-    (lambda p: _nth(p, 0).update(type="migrate"), True),
-    (lambda p: _nth(p, 1)["ladder"][0].update(env=["spot", "aws", "mars-1", "x", "H100"]), False),
-    (lambda p: _nth(p, 1)["ladder"][0]["config"].update(tp=3), False),
-    (lambda p: _nth(p, 1)["ladder"][0]["config"].update(instance_type="g5.12xlarge"), False),  # another pool's
-    (lambda p: _nth(p, 1)["ladder"][0].update(n_replicas=0), True),
+    (lambda p: p["actions"][0].update(job_id="no-such-job"), True),
+    (lambda p: p["actions"][0].update(type="migrate"), True),
+    (lambda p: p["actions"][1]["ladder"][0].update(env=["spot", "aws", "mars-1", "x", "H100"]), False),
+    (lambda p: p["actions"][1]["ladder"][0]["config"].update(tp=3), False),
+    (lambda p: p["actions"][1]["ladder"][0]["config"].update(instance_type="g5.12xlarge"), False),  # another pool's
+    (lambda p: p["actions"][1]["ladder"][0].update(n_replicas=0), True),
     (lambda p: p.update(tick_rationale="free text costs tokens"), False),
-    (lambda p: _nth(p, 0).pop("ladder"), False),
-    (lambda p: _nth(p, 1).update(ladder=[]), True),  # a place with no ladder
-    (lambda p: _nth(p, 2).update(ladder=copy.deepcopy(_nth(p, 1)["ladder"])), False),  # a keep with one
-    (lambda p: _nth(p, 2).update(type="place", ladder=copy.deepcopy(_nth(p, 1)["ladder"])), False),  # C7
-    (lambda p: _nth(p, 1).update(type="swap"), False),  # a swap of a pending job: C7
-    (lambda p: _nth(p, 0).update(type="keep", ladder=[]), False),  # keep a pending job: C7
-    (lambda p: _nth(p, 1)["ladder"].extend(copy.deepcopy(_nth(p, 1)["ladder"]) * 2), False),  # 3 ranks
-    (lambda p: _nth(p, 0).update(job_id="batch-8b"), False),  # the key names the job; a job_id field is extra
+    (lambda p: p["actions"][0].pop("ladder"), False),
+    (lambda p: p["actions"][1].update(ladder=[]), True),  # a place with no ladder
+    (lambda p: p["actions"][2].update(ladder=copy.deepcopy(p["actions"][1]["ladder"])), False),  # a keep with one
+    (lambda p: p["actions"][2].update(type="place", ladder=copy.deepcopy(p["actions"][1]["ladder"])), False),  # C7
+    (lambda p: p["actions"][1].update(type="swap"), False),  # a swap of a pending job: C7
+    (lambda p: p["actions"][0].update(type="keep", ladder=[]), False),  # keep a pending job: C7
+    (lambda p: p["actions"][1]["ladder"].extend(copy.deepcopy(p["actions"][1]["ladder"]) * 2), False),  # 3 ranks
 ])
 def test_what_the_schema_refuses(snap, mutate, refused_by_parser):
     """Each mutation leaves the schema; those the parser also names are refused there too (the grammar
@@ -166,16 +134,21 @@ def test_the_two_wire_forms(snap):
 
 
 def test_a_plan_cut_at_the_token_cap_keeps_its_whole_actions(snap):
-    """salvage_cut_plan: the actions before the cut, closed, in either form; a key written twice still reaches
-    the parser; nothing when no action was complete or there is no plan at all."""
+    """salvage_cut_plan: the actions before the cut, closed; a key written twice still reaches the parser;
+    nothing when no action was complete or there is no plan at all."""
     text = json.dumps(a_plan(snap))
     cut = text[:text.index('"chat-8b"') + 20]  # inside chat-8b's action, after batch-8b's and chat-70b's
-    plan = parse_plan(salvage_cut_plan(cut), snap)
+    plan = parse_plan(salvage_cut_plan("```json\n" + cut), snap)
     assert [a.job_id for a in plan.actions] == ["batch-8b", "chat-70b"]
-    listed = json.dumps({"actions": [{"job_id": j, **a} for j, a in a_plan(snap)["actions"].items()]})
-    assert [a.job_id for a in parse_plan(salvage_cut_plan("```json\n" + listed[:-30]), snap).actions] == ["batch-8b", "chat-70b"]
-    twice = cut.replace('"chat-70b"', '"batch-8b"')
-    with pytest.raises(PlanParseError, match="a second action for job 'batch-8b'"):
-        parse_plan(salvage_cut_plan(twice), snap)
+    with pytest.raises(PlanParseError, match="key 'type' written twice"):
+        parse_plan(salvage_cut_plan(cut.replace('"type": "place"', '"type": "place", "type": "swap"', 1)), snap)
     assert salvage_cut_plan(text[:text.index('"batch-8b"') + 25]) is None
     assert salvage_cut_plan("I would place chat-70b on H100s") is None
+
+
+def test_a_key_written_twice_is_named_not_overwritten(snap):
+    """json.loads keeps the last of two equal keys; the parser reads the text itself and refuses the plan."""
+    text = json.dumps(a_plan(snap))
+    with pytest.raises(PlanParseError, match="key 'type' written twice in one object"):
+        parse_plan(text.replace('"type": "keep"', '"type": "keep", "type": "swap"'), snap)
+    assert parse_plan(text, snap).actions  # the same text without the second key parses

@@ -100,35 +100,19 @@ def _pydantic_problems(prefix: str, exc: ValidationError, limit: int = 6) -> lis
     return out
 
 
-def _no_duplicate_keys(problems: list[str], jobs: Any) -> Any:
+def _no_duplicate_keys(problems: list[str]) -> Any:
     """A ``json.loads`` hook that builds each object and names a key written twice in it (``json.loads``
-    would keep the last silently): a job id keyed twice is two actions for one job."""
+    keeps the last silently: ``{"type": "keep", "type": "swap"}`` would be a swap nobody can see)."""
 
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in pairs:
             if k in out:
-                problems.append(f"actions: a second action for job {k!r} (one action per job)" if k in jobs
-                                else f"key {k!r} written twice in one object")
+                problems.append(f"key {k!r} written twice in one object")
             out[k] = v
         return out
 
     return hook
-
-
-def _actions_by_job(actions: dict[str, Any], problems: list[str]) -> list[Any]:
-    """``{"<job_id>": {type, ladder, ...}}`` (the form constrained decoding writes,
-    :mod:`koi.agent.plan_schema`) as the spec's list of actions."""
-    out: list[Any] = []
-    for job_id, raw in actions.items():
-        if not isinstance(raw, dict):
-            problems.append(f"actions.{job_id}: an action is an object, got {type(raw).__name__}")
-            continue
-        if "job_id" in raw and raw["job_id"] != job_id:
-            problems.append(f"actions.{job_id}: keyed by job {job_id!r} but names job {raw['job_id']!r}")
-            continue
-        out.append({**raw, "job_id": job_id})
-    return out
 
 
 def parse_plan(
@@ -140,9 +124,9 @@ def parse_plan(
 ) -> Plan:
     """Committed JSON (text or data) -> :class:`Plan`, or :class:`PlanParseError` listing every problem.
 
-    Accepts the spec's shape ``{"tick_rationale", "actions": [...]}``, a bare list of actions, and
-    ``"actions"`` as an object keyed by job id (the form of :mod:`koi.agent.plan_schema`). A key
-    written twice in the JSON text is a problem, not a silent overwrite. ``tick`` and ``cluster_id`` come from the snapshot, never from the model.
+    Accepts the spec's shape ``{"tick_rationale", "actions": [...]}`` and a bare list of
+    actions. A key written twice in one object of the JSON text is a problem, not the silent
+    overwrite ``json.loads`` does. ``tick`` and ``cluster_id`` come from the snapshot, never from the model.
     Omitted jobs are *not* filled in here (see :func:`koi.agent.backend.complete`).
     """
     known = {js.job.job_id: js for js in snapshot.jobs}
@@ -151,7 +135,7 @@ def parse_plan(
         if len(value) > MAX_PLAN_CHARS:
             raise PlanParseError([f"plan too large: {len(value)} characters"])
         try:
-            data: Any = json.loads(value, object_pairs_hook=_no_duplicate_keys(problems, known))
+            data: Any = json.loads(value, object_pairs_hook=_no_duplicate_keys(problems))
         except (ValueError, RecursionError) as exc:
             raise PlanParseError([f"not JSON: {exc}"]) from None
     else:
@@ -161,10 +145,8 @@ def parse_plan(
     if not isinstance(data, dict):
         raise PlanParseError([f"a plan is an object with 'actions', got {type(data).__name__}"])
     actions = data.get("actions")
-    if isinstance(actions, dict):
-        actions = _actions_by_job(actions, problems)
     if not isinstance(actions, list):
-        raise PlanParseError(["a plan needs 'actions': a list of actions, or an object of actions keyed by job id"])
+        raise PlanParseError(["a plan needs 'actions': a list of actions"])
     if len(actions) > MAX_ACTIONS:
         raise PlanParseError([f"too many actions: {len(actions)}"])
     extra = sorted(set(data) - {"actions", "tick_rationale", "tick", "cluster_id", "proposer"})

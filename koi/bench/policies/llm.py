@@ -18,17 +18,15 @@ failure gives keep/defer for everyone. Jobs the plan omits keep (running) or def
 cut at the token cap (``finish_reason == "length"``) keeps the actions it wrote in full
 (:func:`koi.agent.parse.salvage_cut_plan`: the cut one and those after it are omitted jobs, no
 repair turn; the stage output says ``cut``); one cut before any action was complete gets the repair
-turn, told to write fewer actions. (SmolLM2 at a 768-token cap was cut on 2 of its first 18 ticks of
-hetero-3h seed 0; each such tick was lost, or cost a second call, before.)
+turn, told to write fewer actions. (Under a schema keyed by job, SmolLM2 at a 768-token cap was cut on 2
+of 18 ticks, and on 26 of 36 when every job had to appear; see :mod:`koi.agent.plan_schema`.)
 Then S5 validates it like any plan (an invalid action is reverted, a wrongly deferred job
 admitted — the same net for all). Temperature 0, the endpoint's ``seed`` from the run seed.
 Token use and dollars are stored per tick as the stage output ``S4_llm/a<attempt>`` (the same
 :class:`koi.agent.llm.Usage` the RLM reports carry). With ``KOI_LLM_RESPONSE_FORMAT`` (or option
 ``response_format``) set to ``json_schema`` or ``json_object`` the endpoint decodes under the plan's
-JSON Schema for this tick (:mod:`koi.agent.plan_schema`), on both turns: actions keyed by job id, so
-no job gets two. The prompt's format example is then that keyed form (:data:`PLAN_EXAMPLE_BY_JOB`; the
-rules are unchanged): a model shown one form and held to another by the grammar wastes its few
-tokens fighting it. The run records the decoding and the plan form (part of its cache key).
+JSON Schema for this tick (:mod:`koi.agent.plan_schema`), on both turns; the prompt is unchanged, so
+the two rows differ only in how the reply is decoded. The run records which (``decoding``).
 No PerfDB, S2/S3 off: it learns nothing (what it sees of the past is the current deployments in the
 snapshot).
 
@@ -45,7 +43,7 @@ import json
 from typing import Any
 
 from koi import catalog
-from koi.agent.plan_schema import PLAN_SHAPE, check_response_format, plan_schema, response_format
+from koi.agent.plan_schema import check_response_format, plan_schema, response_format
 from koi.bench.policies._common import PolicyProposer
 from koi.bench.policies.koi_variants import rlm_config
 from koi.bench.policy import BenchContext, Family, PolicySpec, register
@@ -77,14 +75,6 @@ replica's GPU memory; fp8 weights (config.weight_dtype = "fp8") only on GPUs wit
 - Goals: every online job meets its p99 TTFT/TPOT targets at its request rate, every batch job \
 finishes its requests before its deadline, at the lowest cost; admit every job you can.
 """
-
-#: the plan as constrained decoding writes it (:mod:`koi.agent.plan_schema`): actions keyed by job id
-PLAN_EXAMPLE_BY_JOB = {"actions": {
-    "job_123": {"type": "place", "ladder": [{"env": ["reserved", "aws", "us-east-1", "use1-az1", "H100"],
-                                              "config": {"instance_type": "p5.48xlarge", "tp": 4, "pp": 1},
-                                              "n_replicas": 2}]},
-    "job_456": {"type": "keep", "ladder": []},
-}}
 
 REPAIR = """\
 Your plan could not be used:
@@ -203,8 +193,7 @@ class LlmOnly(PolicyProposer):
 
         snap = ctx.snapshot
         budget = load_planning_context(ctx.session, ctx.cluster_id, ctx.tick).knobs.swap_budget
-        example = PLAN_EXAMPLE if self.decoding == "none" else PLAN_EXAMPLE_BY_JOB
-        system = SYSTEM.format(plan_example=json.dumps(example, indent=1), swap_budget=budget)
+        system = SYSTEM.format(plan_example=json.dumps(PLAN_EXAMPLE, indent=1), swap_budget=budget)
         user = render_snapshot(snap, budget)
         if ctx.feedback:
             user += "\n\nThe previous plan of this tick was rejected by validation:\n" + "\n".join(
@@ -286,11 +275,8 @@ def llm_setup(policy: str, settings: Any) -> dict[str, Any]:
     """What a language-model policy's results depend on beyond the scenario and seed: the model, the caps it
     runs under and (LLM-only) its decoding. The endpoint's address is left out: the same model served
     elsewhere is the same setup."""
-    out = {"model": settings.llm_model or "", "caps": configured_caps(policy, settings),
-           "decoding": settings.llm_response_format if policy == "llm-only" else None}
-    if out["decoding"] not in (None, "none"):
-        out["plan_shape"] = PLAN_SHAPE  # the constrained form; runs under the earlier actions[] schema had none
-    return out
+    return {"model": settings.llm_model or "", "caps": configured_caps(policy, settings),
+            "decoding": settings.llm_response_format if policy == "llm-only" else None}
 
 
 def llm_setup_tag(policy: str, settings: Any) -> str:
