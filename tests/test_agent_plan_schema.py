@@ -152,20 +152,3 @@ def test_a_key_written_twice_is_named_not_overwritten(snap):
     with pytest.raises(PlanParseError, match="key 'type' written twice in one object"):
         parse_plan(text.replace('"type": "keep"', '"type": "keep", "type": "swap"'), snap)
     assert parse_plan(text, snap).actions  # the same text without the second key parses
-
-
-def test_an_action_repeated_word_for_word_is_taken_once_when_the_caller_asks(snap):
-    """A repetition loop writes one action several times: one intent. The caller that passes ``repeats`` gets it
-    once and the job ids dropped; two different actions for one job stay a problem either way."""
-    plan = a_plan(snap)
-    keep = next(a for a in plan["actions"] if a["type"] == "keep")
-    looped = {"actions": [*plan["actions"], copy.deepcopy(keep), copy.deepcopy(keep)]}
-    with pytest.raises(PlanParseError, match="a second action for job 'chat-8b'"):
-        parse_plan(json.dumps(looped), snap)
-    repeats: list[str] = []
-    got = parse_plan(json.dumps(looped), snap, repeats=repeats)
-    assert repeats == ["chat-8b", "chat-8b"]
-    assert got.actions == parse_plan(json.dumps(plan), snap).actions
-    differ = {"actions": [*plan["actions"], {**copy.deepcopy(keep), "type": "swap", "ladder": plan["actions"][1]["ladder"]}]}
-    with pytest.raises(PlanParseError, match="a second action for job 'chat-8b'"):
-        parse_plan(json.dumps(differ), snap, repeats=[])
