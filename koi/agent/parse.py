@@ -121,17 +121,12 @@ def parse_plan(
     *,
     proposer: str = "rlm",
     default_issuer: Issuer = Issuer.ROOT,
-    repeats: list[str] | None = None,
 ) -> Plan:
     """Committed JSON (text or data) -> :class:`Plan`, or :class:`PlanParseError` listing every problem.
 
     Accepts the spec's shape ``{"tick_rationale", "actions": [...]}`` and a bare list of
     actions. A key written twice in one object of the JSON text is a problem, not the silent
-    overwrite ``json.loads`` does. Two actions for one job are a problem, except, when the caller
-    passes a ``repeats`` list, an action *identical* to its job's first (a small model caught in a
-    repetition loop writes one action over and over: one intent, nothing to choose between), which
-    is dropped and its job id appended to ``repeats``. ``tick`` and ``cluster_id`` come from the
-    snapshot, never from the model.
+    overwrite ``json.loads`` does. ``tick`` and ``cluster_id`` come from the snapshot, never from the model.
     Omitted jobs are *not* filled in here (see :func:`koi.agent.backend.complete`).
     """
     known = {js.job.job_id: js for js in snapshot.jobs}
@@ -162,7 +157,7 @@ def parse_plan(
         problems.append("tick_rationale must be a string")
         rationale = ""
     parsed: list[Action] = []
-    seen: dict[str, Action] = {}
+    seen: set[str] = set()
     for i, raw in enumerate(actions):
         where = f"actions[{i}]"
         if not isinstance(raw, dict):
@@ -184,12 +179,9 @@ def parse_plan(
             problems.append(f"{where}: unknown job_id {action.job_id!r}")
             continue
         if action.job_id in seen:
-            if repeats is not None and action == seen[action.job_id]:
-                repeats.append(action.job_id)
-                continue
             problems.append(f"{where}: a second action for job {action.job_id!r} (one action per job)")
             continue
-        seen[action.job_id] = action
+        seen.add(action.job_id)
         parsed.append(action)
     if problems:
         raise PlanParseError(problems)

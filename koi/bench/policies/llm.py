@@ -18,9 +18,7 @@ failure gives keep/defer for everyone. Jobs the plan omits keep (running) or def
 cut at the token cap (``finish_reason == "length"``) keeps the actions it wrote in full
 (:func:`koi.agent.parse.salvage_cut_plan`: the cut one and those after it are omitted jobs, no
 repair turn; the stage output says ``cut``); one cut before any action was complete gets the repair
-turn, told to write fewer actions. An action repeated word for word for one job (a repetition loop:
-SmolLM2 wrote seven actions for one job at tick 2 of hetero-3h seed 0, and the tick fell back) is taken once (``parse_plan(repeats=...)``; the stage output counts
-them); two different actions for one job are still refused. (Under a schema keyed by job, SmolLM2 at a 768-token cap was cut on 2
+turn, told to write fewer actions. (Under a schema keyed by job, SmolLM2 at a 768-token cap was cut on 2
 of 18 ticks, and on 26 of 36 when every job had to appear; see :mod:`koi.agent.plan_schema`.)
 Then S5 validates it like any plan (an invalid action is reverted, a wrongly deferred job
 admitted — the same net for all). Temperature 0, the endpoint's ``seed`` from the run seed.
@@ -207,7 +205,6 @@ class LlmOnly(PolicyProposer):
         plan: Plan | None = None
         problems: list[str] = []
         cut = False
-        repeats: list[str] = []
         for turn in range(2):
             reply = metered.complete(messages, temperature=0.0, max_tokens=self.max_tokens, seed=seed,
                                      response_format=fmt)
@@ -221,8 +218,7 @@ class LlmOnly(PolicyProposer):
                         f"the reply was cut at the cap of {self.max_tokens} tokens before one action was complete: "
                         "write fewer actions (jobs you omit keep running or keep waiting)" if cut else
                         "no JSON object with 'actions' found in the reply"])
-                repeats = []
-                plan = parse_plan(raw, snap, proposer=self.policy, repeats=repeats)
+                plan = parse_plan(raw, snap, proposer=self.policy)
                 break
             except PlanParseError as exc:
                 problems = list(exc.problems)
@@ -234,19 +230,17 @@ class LlmOnly(PolicyProposer):
         if plan is None:
             plan = keep_defer_plan(snap, proposer=self.policy,
                                    rationale="llm-only: no usable plan after one repair: " + "; ".join(problems[:5]))
-        self._persist(ctx, status, problems, metered.usage, metered.name, cut=cut and status == "parsed",
-                      repeats=len(repeats) if status == "parsed" else 0)
+        self._persist(ctx, status, problems, metered.usage, metered.name, cut=cut and status == "parsed")
         return plan
 
-    def _persist(self, ctx: Any, status: str, problems: list[str], usage: Any, model: str, *, cut: bool,
-                 repeats: int) -> None:
+    def _persist(self, ctx: Any, status: str, problems: list[str], usage: Any, model: str, *, cut: bool) -> None:
         if ctx.session is None:
             return
         from koi.store.repos.stages import digest, save_stage_output
 
         save_stage_output(ctx.session, ctx.cluster_id, ctx.tick, f"S4_llm/a{ctx.attempt}",
                           {"policy": self.policy, "model": model, "caps": {"max_tokens": self.max_tokens},
-                           "decoding": self.decoding, "cut": cut, "repeats": repeats,
+                           "decoding": self.decoding, "cut": cut,
                            "status": status, "problems": problems[:20],
                            "usage": usage.model_dump(mode="json")},
                           input_digest=digest({"attempt": ctx.attempt}))
