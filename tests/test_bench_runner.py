@@ -393,25 +393,14 @@ def test_the_llm_rows_through_the_cli_record_their_model_and_another_model_is_an
         get_settings.cache_clear()
 
 
-def test_llm_only_with_constrained_decoding_sends_the_ticks_schema_and_records_it(tiny, tmp_path, monkeypatch):
-    """KOI_LLM_RESPONSE_FORMAT=json_object: every request carries the plan's schema for that tick (its jobs, its
-    pools), a bare JSON reply (no fence, as a grammar-constrained server answers) is the model's plan, and the
-    row says how the replies were decoded."""
-    import jsonschema
+def _llm_only_run(tiny, tmp_path, monkeypatch, respond) -> tuple[dict, list[dict]]:
+    """`koi bench run --policies llm-only` (json_object decoding, model-a) against a loopback server answering with
+    ``respond``: the report's row and the requests the server saw."""
     from fakes.openai_server import FakeOpenAIServer
     from typer.testing import CliRunner
 
-    from koi.bench.runner import load
     from koi.cli import app
     from koi.config import get_settings
-
-    jobs = {j.job.job_id for j in load(tiny)[0].jobs}
-
-    def respond(messages, body):
-        schema = body["response_format"]["schema"]
-        plan = {"actions": []}
-        jsonschema.validate(plan, schema)
-        return json.dumps(plan)
 
     args = ["bench", "run", "--scenario", str(tiny), "--policies", "llm-only", "--seeds", "1", "--hours", str(HOURS),
             "--jobs", "1", "--cache-dir", str(tmp_path), "--json"]
@@ -423,19 +412,38 @@ def test_llm_only_with_constrained_decoding_sends_the_ticks_schema_and_records_i
             get_settings.cache_clear()
             res = CliRunner().invoke(app, args)
             assert res.exit_code == 0, res.output
-            row = json.loads(res.stdout)["report"]["policies"]["llm-only"]
-            assert row["llm"]["decoding"] == "json_object" and row["llm"]["model_plans"] == row["llm"]["ticks"] == 2
-            assert len(srv.requests) == 2
-            for r in srv.requests:
-                fmt = r["body"]["response_format"]
-                assert fmt["type"] == "json_object"
-                enum = {j for b in fmt["schema"]["properties"]["actions"]["items"]["anyOf"]
-                        for j in b["properties"]["job_id"]["enum"]}
-                assert enum and enum <= jobs
-            assert "model-a (json_object)" in (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
+            return json.loads(res.stdout)["report"]["policies"]["llm-only"], list(srv.requests)
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()
+
+
+def test_llm_only_with_constrained_decoding_sends_the_ticks_schema_and_records_it(tiny, tmp_path, monkeypatch):
+    """KOI_LLM_RESPONSE_FORMAT=json_object: every request carries the plan's schema for that tick (its jobs, its
+    pools), a bare JSON reply (no fence, as a grammar-constrained server answers) is the model's plan, and the
+    row says how the replies were decoded."""
+    import jsonschema
+
+    from koi.bench.runner import load
+
+    jobs = {j.job.job_id for j in load(tiny)[0].jobs}
+
+    def respond(messages, body):
+        schema = body["response_format"]["schema"]
+        plan = {"actions": []}
+        jsonschema.validate(plan, schema)
+        return json.dumps(plan)
+
+    row, requests = _llm_only_run(tiny, tmp_path, monkeypatch, respond)
+    assert row["llm"]["decoding"] == "json_object" and row["llm"]["model_plans"] == row["llm"]["ticks"] == 2
+    assert len(requests) == 2
+    for r in requests:
+        fmt = r["body"]["response_format"]
+        assert fmt["type"] == "json_object"
+        enum = {j for b in fmt["schema"]["properties"]["actions"]["items"]["anyOf"]
+                for j in b["properties"]["job_id"]["enum"]}
+        assert enum and enum <= jobs
+    assert "model-a (json_object)" in (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
 
 
 def _children(pid: int) -> list[int]:
@@ -639,12 +647,7 @@ def test_llm_only_keeps_the_whole_actions_of_a_reply_cut_at_its_token_cap(tiny, 
     """A reply stopped by max_tokens (finish_reason "length") ends inside an action. With one action written in
     full, that action is the model's plan (the rest are omitted jobs) and no repair turn is spent; cut before
     any action was complete, the repair turn says the reply was cut and to write fewer actions."""
-    from fakes.openai_server import FakeOpenAIServer
-    from typer.testing import CliRunner
-
     from koi.bench.runner import load
-    from koi.cli import app
-    from koi.config import get_settings
 
     job = sorted(j.job.job_id for j in load(tiny)[0].jobs)[0]
     head = '{"actions": [' + ('{"job_id": ' + json.dumps(job) + ', "type": "defer", "ladder": []}, '
@@ -655,22 +658,9 @@ def test_llm_only_keeps_the_whole_actions_of_a_reply_cut_at_its_token_cap(tiny, 
             return '{"actions": []}'  # the repair turn, told why
         return {"content": head + '{"job_id": "zz-job", "type": "pla', "finish_reason": "length"}
 
-    args = ["bench", "run", "--scenario", str(tiny), "--policies", "llm-only", "--seeds", "1", "--hours", str(HOURS),
-            "--jobs", "1", "--cache-dir", str(tmp_path), "--json"]
-    try:
-        with FakeOpenAIServer(responder=respond) as srv:
-            monkeypatch.setenv("KOI_LLM_BASE_URL", srv.url)
-            monkeypatch.setenv("KOI_LLM_MODEL", "model-a")
-            monkeypatch.setenv("KOI_LLM_RESPONSE_FORMAT", "json_object")
-            get_settings.cache_clear()
-            res = CliRunner().invoke(app, args)
-            assert res.exit_code == 0, res.output
-            row = json.loads(res.stdout)["report"]["policies"]["llm-only"]
-            assert row["llm"]["model_plans"] == row["llm"]["ticks"] == 2
-            assert len(srv.requests) == (2 if cut_after == "one action" else 4)
-            assert row["llm"]["cut_plans"] == (2 if cut_after == "one action" else 0)
-            table = (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
-            assert ("2/2 (100%), 2 cut" in table) is (cut_after == "one action")
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
+    row, requests = _llm_only_run(tiny, tmp_path, monkeypatch, respond)
+    assert row["llm"]["model_plans"] == row["llm"]["ticks"] == 2
+    assert len(requests) == (2 if cut_after == "one action" else 4)
+    assert row["llm"]["cut_plans"] == (2 if cut_after == "one action" else 0)
+    table = (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
+    assert ("2/2 (100%), 2 cut" in table) is (cut_after == "one action")
