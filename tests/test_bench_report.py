@@ -167,6 +167,23 @@ def test_report_json_prints_each_policys_mean_metrics(suite):
     assert set(koi["mean"]) == set(Metrics.model_fields)
 
 
+def test_report_prints_its_tables_on_the_terminal(suite):
+    """Without --json the report prints the main, ablation and language-model tables with every column of the
+    Markdown report (a header list of its own once missed the p99 column and crashed every `bench run`)."""
+    from typer.testing import CliRunner
+
+    from koi.bench.report import MAIN_COLUMNS
+    from koi.cli import app
+
+    path, cache, _rep = suite
+    res = CliRunner().invoke(app, ["bench", "report", "--scenario", str(path), "--cache-dir", str(cache), "--hours",
+                                   str(HOURS), "--no-figures"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    for _m, header, *_ in MAIN_COLUMNS:
+        assert header in res.output
+    assert "mean ± std over seeds" in res.output and "ablations" in res.output
+
+
 def test_report_of_some_policies_and_seeds(tmp_path):
     """`--policies` and `--seeds/--first-seed` report a subset of the cache; an unknown name fails clearly."""
     from typer.testing import CliRunner

@@ -283,27 +283,27 @@ def _run_temporal(todo: list[Any], cache_dir: str | None, fresh: bool, verbose: 
 
 
 # ---- commands ---------------------------------------------------------------------------------------------
-MAIN_COLS = ["Method", "Batch progress (%)", "Admit online (%)", "Admit batch (%)", "$/M SLO tokens", "TTFT met (%)",
-             "TPOT met (%)", "Goodput (tok/s)", "Overall score"]
-
-
 def _print_table(rep: Any) -> None:
+    """The report's tables on the terminal; the headers are the report's own (:data:`koi.bench.report.MAIN_COLUMNS`),
+    so a column added there shows here."""
     from koi.bench.report import LLM_COLS, MAIN_COLUMNS, ablation_rows, cell, llm_rows, main_rows
+
+    main_cols = ["Method", *(header for _m, header, _s, _hi, _p in MAIN_COLUMNS)]
 
     def rows_of(prs: list[Any]) -> list[dict[str, str]]:
         rows = []
         for r in prs:
             row = {"Method": r.label + (" (upper bound)" if r.is_oracle else "")}
-            for (m, _h, scale, _hi, _p), col in zip(MAIN_COLUMNS, MAIN_COLS[1:], strict=True):
-                row[col] = cell(r.stats[m], scale, len(r.seeds))
+            for m, header, scale, _hi, _p in MAIN_COLUMNS:
+                row[header] = cell(r.stats[m], scale, len(r.seeds))
             rows.append(row)
         return rows
 
     emit(rows_of(main_rows(rep.rows)), False, title=f"{rep.scenario}: {rep.hours:g} h, mean ± std over seeds",
-         columns=MAIN_COLS)
+         columns=main_cols)
     abl = ablation_rows(rep.rows)
     if len(abl) > 1:
-        emit(rows_of(abl), False, title="ablations", columns=MAIN_COLS)
+        emit(rows_of(abl), False, title="ablations", columns=main_cols)
     llm = llm_rows(rep.rows)
     if llm:
         emit(llm, False, title="language models: whose plans the ticks proposed, and what the model was asked for",
