@@ -129,7 +129,6 @@ def parse_plan(
     overwrite ``json.loads`` does. ``tick`` and ``cluster_id`` come from the snapshot, never from the model.
     Omitted jobs are *not* filled in here (see :func:`koi.agent.backend.complete`).
     """
-    known = {js.job.job_id: js for js in snapshot.jobs}
     problems: list[str] = []
     if isinstance(value, str):
         if len(value) > MAX_PLAN_CHARS:
@@ -156,6 +155,7 @@ def parse_plan(
     if not isinstance(rationale, str):
         problems.append("tick_rationale must be a string")
         rationale = ""
+    known = {js.job.job_id: js for js in snapshot.jobs}
     parsed: list[Action] = []
     seen: set[str] = set()
     for i, raw in enumerate(actions):
@@ -189,51 +189,41 @@ def parse_plan(
                 tick_rationale=rationale[:4000], proposer=proposer)
 
 
-_ACTIONS_OPEN = re.compile(r'"actions"\s*:\s*([\[{])')
-_CLOSER = {"{": "}", "[": "]"}
+_ACTIONS_OPEN = re.compile(r'"actions"\s*:\s*\[')
 
 
 def salvage_cut_plan(text: str) -> str | None:
     """The complete actions of a plan reply cut off mid-way (at the token cap), as a closed plan's JSON.
 
-    A reply stopped by ``max_tokens`` ends inside an action: ``{"actions": {"a": {...}, "b": {"type":
-    "pla``. Each job's action stands alone and the spec gives every job a plan omits a default (keep a
-    running job, defer a waiting one), so the actions written in full are a plan that omits the rest —
-    nothing of the cut action is guessed. Reads ``"actions"`` as an object keyed by job id or as a list;
-    returns the text from ``"actions"`` through the last complete action, closed, so the parser still sees
-    a key written twice. None when no action was complete."""
+    A reply stopped by ``max_tokens`` ends inside an action: ``{"actions": [{...}, {"job_id": "b",
+    "type": "pla``. Each job's action stands alone and the spec gives every job a plan omits a default
+    (keep a running job, defer a waiting one), so the actions written in full are a plan that omits
+    the rest — nothing of the cut action is guessed. Returns the text of those actions as written,
+    closed (so the parser still sees a key written twice); None when no action was complete."""
     m = _ACTIONS_OPEN.search(text)
     if m is None:
         return None
-    opener = m.group(1)
     dec = json.JSONDecoder()
     pos, last = m.end(), None
-
-    def skip(i: int) -> int:
-        while i < len(text) and text[i] in " \t\r\n":
-            i += 1
-        return i
-
     while True:
-        i = skip(pos)
         try:
-            if opener == "{":
-                key, i = dec.raw_decode(text, i)
-                i = skip(i)
-                if not isinstance(key, str) or text[i:i + 1] != ":":
-                    break
-                i = skip(i + 1)
-            _value, i = dec.raw_decode(text, i)
+            _action, i = dec.raw_decode(text, _skip_space(text, pos))
         except ValueError:
             break
         last = i
-        i = skip(i)
+        i = _skip_space(text, i)
         if text[i:i + 1] != ",":
             break
         pos = i + 1
     if last is None:
         return None
-    return '{"actions": ' + text[m.start(1):last] + _CLOSER[opener] + "}"
+    return '{"actions": ' + text[m.end() - 1:last] + "]}"
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
 
 
 def keep_defer_plan(snapshot: ClusterSnapshot, proposer: str = "keep-all", rationale: str = "") -> Plan:
