@@ -1,11 +1,13 @@
-"""``koi bench run|report|policies``: the benchmark suite (issue 8) from the command line.
+"""``koi bench run|report|jobs|policies``: the benchmark suite (issue 8) from the command line.
 
 ``koi bench run --scenario hetero-3h --policies all --seeds 3 [--hours H] [--jobs 2]`` runs every
 (policy, seed) not already cached, in ``--jobs`` worker processes (each runs whole runs), with
 a progress bar for the suite and one per running run (ticks); then writes the tables and
 figures under ``KOI_DATA_DIR/bench/<scenario>/report/`` and prints the main table.
 ``koi bench report --scenario hetero-3h`` rebuilds them from the cache; ``--json`` prints one
-JSON document (every policy's mean and std of every metric).
+JSON document (every policy's mean and std of every metric). ``koi bench jobs --policies koi,milp``
+breaks the cached runs down by job (:mod:`koi.bench.jobs`: where each policy's GPU-hours, swaps and
+SLO misses go).
 
 Ctrl-C or SIGTERM stops a suite: queued runs are dropped and running ones terminated (finished
 runs stay cached, so the same command resumes); a worker whose suite process died some other way
@@ -429,6 +431,57 @@ def report(
         emit(rep.json(), True)
         return
     _print_table(rep)
+
+
+@app.command()
+def jobs(
+    scenario: str = SCENARIO,
+    policies: str = typer.Option("koi,milp", "--policies", help="comma-separated names, in the table's order"),
+    hours: float | None = typer.Option(None, "--hours", help="the horizon to report (default: the scenario's)"),
+    via: str = VIA,
+    cache_dir: Path | None = CACHE,
+    seeds: int | None = typer.Option(None, "--seeds", min=1,
+                                     help="only seeds first-seed … first-seed + N − 1 (default: every cached one)"),
+    first_seed: int = typer.Option(0, "--first-seed", min=0),
+    json_out: bool = JSON,
+) -> None:
+    """Break cached runs down by job: each policy's GPU-hours, swaps and SLO attainment per job (mean over
+    seeds), the jobs where the policies' GPU-hours differ most first; also written as jobs.md in the
+    report directory."""
+    from koi.bench.cache import RunCache
+    from koi.bench.jobs import JOB_COLUMNS, display_rows, job_breakdown, markdown
+    from koi.bench.report import select_runs
+
+    _quiet(False)
+    names = [p.name for p in _policies(policies)]
+    chosen = None if seeds is None else set(range(first_seed, first_seed + seeds))
+    cd = str(cache_dir) if cache_dir else None
+    name, _digest, h, runs = select_runs(scenario, cache_dir=cd, hours=hours, via=via, policies=set(names),
+                                         seeds=chosen)
+    missing = [p for p in names if not any(r.key.policy == p for r in runs)]
+    if missing:
+        fail(f"no cached runs of {scenario!r} (hours {h:g}) for {', '.join(missing)}; "
+             f"run `koi bench run --scenario {scenario} --policies {','.join(missing)}` first")
+        return
+    cache = RunCache(cd, via=via)
+    try:
+        rows = job_breakdown(runs, lambda r: cache.records(r.key))
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+        return
+    rows.sort(key=lambda r: names.index(r.policy))
+    seeds_of = {p: sorted(r.key.seed for r in runs if r.key.policy == p) for p in names}
+    title = f"{name}: {h:g} h, per job, mean over seeds " + "; ".join(
+        f"{p} {','.join(map(str, s))}" for p, s in seeds_of.items())
+    out = cache.report_dir(name) / "jobs.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown(rows, title))
+    if json_out:
+        emit({"scenario": name, "hours": h, "seeds": seeds_of, "jobs": [r.model_dump(mode="json") for r in rows],
+              "markdown": str(out)}, True)
+        return
+    emit(display_rows(rows), False, title=title, columns=JOB_COLUMNS)
+    console.print(f"written: {out}")
 
 
 @app.command()

@@ -1,0 +1,179 @@
+"""Per-job breakdown of cached runs: where each policy's GPU-hours, swaps and SLO misses go.
+
+The policy table says *how much* (composite, goodput, cost per SLO token); an operator comparing Koi
+with the planner they would otherwise use next asks *where*: which jobs one policy holds on more
+GPUs, what those GPUs buy (requests within target, p99 windows met), and which jobs it moves. On
+hetero-3h that is how Koi's extra ~4% spend was traced to two jobs whose p99 targets the prior
+surrogate thinks it meets (benchmarks/results/hetero-3h/README.md, sixteenth run); this module makes
+that analysis a command (``koi bench jobs``) instead of a one-off script.
+
+Every SLO figure is the common evaluator's own formula (:func:`koi.bench.evaluator.evaluate`) applied
+to one job's records with that job alone in the job list, so the denominators are the job's own
+(its arrivals, its batch requests) and nothing is computed twice in two ways. Per run and job:
+
+- TTFT %, TPOT %, p99 SLO windows % (online jobs), batch progress % and deadline met (batch jobs
+  whose deadline falls inside the horizon), SLO tokens: as in the evaluator's module docstring;
+- GPU-hours = Σ over ticks of the GPUs the job held at the tick (the trace's ``gpus_by_job``, the
+  allocation figure's data) × the tick length — GPUs, not dollars: the trace keeps GPU types, not
+  the instances' markets, so a reserved GPU and a spot one weigh the same here;
+- swaps = ticks whose committed plan swapped the job's ladder.
+
+Over seeds each figure is the mean (deadline met: the share of seeds, %). A job a run never
+submitted is absent from that run's rows, not zero.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+from pydantic import Field
+
+from koi.bench.cache import RunResult
+from koi.bench.evaluator import EvalInputs, evaluate
+from koi.domain import JobClass
+from koi.domain.common import KoiModel
+
+
+class JobRow(KoiModel):
+    """One job under one policy (one run, or the mean over the policy's seeds)."""
+
+    policy: str
+    job_id: str
+    job_class: str
+    seeds: int = Field(default=1, ge=1, description="runs averaged")
+    requests: float = Field(description="online: arrivals counted by the evaluator; batch: requests submitted")
+    ttft_pct: float | None = None
+    tpot_pct: float | None = None
+    p99_windows_pct: float | None = None
+    progress_pct: float | None = None
+    deadline_met_pct: float | None = Field(default=None, description="batch: runs meeting the deadline, %")
+    slo_tokens: float
+    gpu_hours: float
+    swaps: float
+
+
+def run_job_rows(run: RunResult, records: np.ndarray) -> list[JobRow]:
+    """Every evaluated job of one run, from its records and trace (module docstring)."""
+    if run.eval_inputs is None:
+        raise ValueError(f"run {run.key.stem} of {run.key.policy} stores no evaluator inputs; "
+                         "run it again (`koi bench run --fresh`) to break it down by job")
+    ei = run.eval_inputs
+    tick_h = run.meta.tick_s / 3600.0
+    gpu_h: dict[str, float] = defaultdict(float)
+    swaps: dict[str, int] = defaultdict(int)
+    for t in run.trace:
+        for job_id, by_type in t.gpus_by_job.items():
+            gpu_h[job_id] += sum(by_type.values()) * tick_h
+        for job_id, action in t.actions.items():
+            swaps[job_id] += action == "swap"
+
+    idx = records["job"].astype(np.int64) if len(records) else np.zeros(0, np.int64)
+    order = np.argsort(idx, kind="stable")
+    bounds = np.searchsorted(idx[order], np.arange(len(ei.jobs) + 1))
+    rows = []
+    for i, job in enumerate(ei.jobs):
+        mine = records[order[bounds[i]:bounds[i + 1]]].copy()
+        mine["job"] = 0
+        m = evaluate(EvalInputs(jobs=[job], records=mine, horizon_s=run.meta.horizon_s, fleet_cost_usd=0.0,
+                                reserved_cost_usd=0.0, admitted_jobs=set(ei.admitted_jobs), grace_s=ei.grace_s,
+                                window_s=run.meta.tick_s))
+        online = job.job_class is JobClass.ONLINE
+        due = not online and job.deadline_at is not None and job.deadline_at <= run.meta.horizon_s
+        rows.append(JobRow(
+            policy=run.key.policy, job_id=job.job_id, job_class=job.job_class.value,
+            requests=float(m.online_requests if online else m.batch_requests),
+            ttft_pct=m.ttft_attainment_pct if online else None,
+            tpot_pct=m.tpot_attainment_pct if online else None,
+            p99_windows_pct=m.p99_windows_pct if online else None,
+            progress_pct=None if online else m.batch_progress_pct,
+            deadline_met_pct=m.deadline_attainment_pct if due else None,
+            slo_tokens=m.slo_tokens, gpu_hours=gpu_h.get(job.job_id, 0.0), swaps=float(swaps.get(job.job_id, 0)),
+        ))
+    return rows
+
+
+def _mean(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def mean_rows(rows: Iterable[JobRow]) -> list[JobRow]:
+    """One row per (policy, job): the mean over its runs, in first-seen order."""
+    groups: dict[tuple[str, str], list[JobRow]] = {}
+    for r in rows:
+        groups.setdefault((r.policy, r.job_id), []).append(r)
+    out = []
+    for (policy, job_id), rs in groups.items():
+        out.append(JobRow(
+            policy=policy, job_id=job_id, job_class=rs[0].job_class, seeds=len(rs),
+            requests=float(np.mean([r.requests for r in rs])),
+            ttft_pct=_mean([r.ttft_pct for r in rs]), tpot_pct=_mean([r.tpot_pct for r in rs]),
+            p99_windows_pct=_mean([r.p99_windows_pct for r in rs]), progress_pct=_mean([r.progress_pct for r in rs]),
+            deadline_met_pct=_mean([r.deadline_met_pct for r in rs]),
+            slo_tokens=float(np.mean([r.slo_tokens for r in rs])), gpu_hours=float(np.mean([r.gpu_hours for r in rs])),
+            swaps=float(np.mean([r.swaps for r in rs])),
+        ))
+    return out
+
+
+def job_breakdown(runs: Sequence[RunResult], records_of: Callable[[RunResult], np.ndarray | None]) -> list[JobRow]:
+    """The per-job means of each policy over its runs; ``records_of`` reads a run's records (the cache).
+    A run whose records are gone is named in the error rather than skipped (a silent skip would change
+    the mean's seeds)."""
+    rows: list[JobRow] = []
+    for run in runs:
+        rec = records_of(run)
+        if rec is None:
+            raise FileNotFoundError(f"the records of {run.key.policy} {run.key.stem} are missing from the cache; "
+                                    "run it again (`koi bench run --fresh`)")
+        rows += run_job_rows(run, rec)
+    return mean_rows(rows)
+
+
+#: The columns of :func:`display_rows` (the terminal table and the Markdown file).
+JOB_COLUMNS = ["job", "policy", "GPU-h", "swaps", "TTFT %", "TPOT %", "p99 windows %", "progress %", "deadline met %",
+               "SLO Mtok"]
+ALL_JOBS = "(all jobs)"
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "" if x is None else f"{x:,.{digits}f}"
+
+
+def display_rows(rows: Sequence[JobRow]) -> list[dict[str, str]]:
+    """The breakdown as table rows: jobs where the policies' GPU-hours differ most first (that is where
+    their spend differs), each job's policies in the order given, then one all-jobs row per policy
+    (GPU-hours, swaps and SLO tokens summed)."""
+    by_job: dict[str, list[JobRow]] = {}
+    for r in rows:
+        by_job.setdefault(r.job_id, []).append(r)
+
+    def spread(job_id: str) -> float:
+        g = [r.gpu_hours for r in by_job[job_id]]
+        return max(g) - min(g)
+
+    out = []
+    for job_id in sorted(by_job, key=lambda j: (-spread(j), j)):
+        for r in by_job[job_id]:
+            out.append({"job": job_id, "policy": r.policy, "GPU-h": _fmt(r.gpu_hours), "swaps": _fmt(r.swaps),
+                        "TTFT %": _fmt(r.ttft_pct, 2), "TPOT %": _fmt(r.tpot_pct, 2),
+                        "p99 windows %": _fmt(r.p99_windows_pct), "progress %": _fmt(r.progress_pct),
+                        "deadline met %": _fmt(r.deadline_met_pct, 0), "SLO Mtok": _fmt(r.slo_tokens / 1e6, 2)})
+    policies = list(dict.fromkeys(r.policy for r in rows))
+    for p in policies:
+        mine = [r for r in rows if r.policy == p]
+        out.append({"job": ALL_JOBS, "policy": p, "GPU-h": _fmt(sum(r.gpu_hours for r in mine)),
+                    "swaps": _fmt(sum(r.swaps for r in mine)), "TTFT %": "", "TPOT %": "", "p99 windows %": "",
+                    "progress %": "", "deadline met %": "",
+                    "SLO Mtok": _fmt(sum(r.slo_tokens for r in mine) / 1e6, 2)})
+    return out
+
+
+def markdown(rows: Sequence[JobRow], title: str) -> str:
+    """The breakdown as a Markdown table under ``title``."""
+    lines = [f"# {title}", "", "| " + " | ".join(JOB_COLUMNS) + " |",
+             "|" + "|".join("---" if c in ("job", "policy") else "---:" for c in JOB_COLUMNS) + "|"]
+    lines += ["| " + " | ".join(r[c] for c in JOB_COLUMNS) + " |" for r in display_rows(rows)]
+    return "\n".join(lines) + "\n"
