@@ -74,7 +74,7 @@ def run_job_rows(run: RunResult, records: np.ndarray) -> list[JobRow]:
     bounds = np.searchsorted(idx[order], np.arange(len(ei.jobs) + 1))
     rows = []
     for i, job in enumerate(ei.jobs):
-        mine = records[order[bounds[i]:bounds[i + 1]]].copy()
+        mine = records[order[bounds[i]:bounds[i + 1]]]  # fancy indexing: a copy, safe to relabel
         mine["job"] = 0
         m = evaluate(EvalInputs(jobs=[job], records=mine, horizon_s=run.meta.horizon_s, fleet_cost_usd=0.0,
                                 reserved_cost_usd=0.0, admitted_jobs=set(ei.admitted_jobs), grace_s=ei.grace_s,
