@@ -138,6 +138,9 @@ def test_the_command_breaks_the_cache_down_by_job(tmp_path):
     assert res.exit_code == 0 and "chat" in res.output and ALL_JOBS in res.output
     res = CliRunner().invoke(app, [*base, "--policies", "koi,koi-frozen"])
     assert res.exit_code != 0 and "no cached runs" in res.output and "koi-frozen" in res.output
+    res = CliRunner().invoke(app, ["bench", "jobs", "--scenario", "nonesuch", "--cache-dir", str(tmp_path / "cache")])
+    assert res.exit_code == 2 and "unknown scenario 'nonesuch'" in res.output and res.exception is not None \
+        and isinstance(res.exception, SystemExit)
 
 
 def test_a_real_runs_jobs_add_up_to_the_run(tmp_path):

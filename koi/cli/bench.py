@@ -456,8 +456,12 @@ def jobs(
     names = [p.name for p in _policies(policies)]
     chosen = None if seeds is None else set(range(first_seed, first_seed + seeds))
     cd = str(cache_dir) if cache_dir else None
-    name, _digest, h, runs = select_runs(scenario, cache_dir=cd, hours=hours, via=via, policies=set(names),
-                                         seeds=chosen)
+    try:
+        name, _digest, h, runs = select_runs(scenario, cache_dir=cd, hours=hours, via=via, policies=set(names),
+                                             seeds=chosen)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+        return
     missing = [p for p in names if not any(r.key.policy == p for r in runs)]
     if missing:
         fail(f"no cached runs of {scenario!r} (hours {h:g}) for {', '.join(missing)}; "
