@@ -125,6 +125,9 @@ class RunResult(KoiModel):
     plans: list[str | None] = Field(default_factory=list, description="digest of each tick's committed plan")
     jobs: list[JobInfo] = Field(default_factory=list, description="the evaluated jobs, in the records' job order")
     eval_inputs: RunEvalInputs | None = Field(default=None, description="the evaluator's other inputs (re-scoring)")
+    job_cost_usd: dict[str, dict[str, float]] | None = Field(
+        default=None, description="evaluated job -> market -> $ of the instances its ranks held over the run "
+        "(idle reserved capacity is the fleet's, no job's); None in runs cached before it was recorded")
     cached: bool = Field(default=False, description="read from the cache rather than computed now")
 
 

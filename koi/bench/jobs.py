@@ -14,12 +14,18 @@ to one job's records with that job alone in the job list, so the denominators ar
 - TTFT %, TPOT %, p99 SLO windows % (online jobs), batch progress % and deadline met (batch jobs
   whose deadline falls inside the horizon), SLO tokens: as in the evaluator's module docstring;
 - GPU-hours = Σ over ticks of the GPUs the job held at the tick (the trace's ``gpus_by_job``, the
-  allocation figure's data) × the tick length — GPUs, not dollars: the trace keeps GPU types, not
-  the instances' markets, so a reserved GPU and a spot one weigh the same here;
+  allocation figure's data) × the tick length;
+- $ = what the instances its ranks held cost over the run, by market (the run's ``job_cost_usd``, the
+  simulated fleet's showback: each instance at its pool's hourly price from allocation to release,
+  so a reserved GPU costs its reserved price and a spot one its spot price). The fleet's bill also
+  pays for reserved capacity no job held; that is a row of its own, ``(idle reserved)`` = the run's
+  fleet cost − Σ jobs' $, so the all-jobs row adds up to the fleet cost in the policy table. Runs
+  cached before per-job dollars were recorded have none: their $ is blank, never zero;
 - swaps = ticks whose committed plan swapped the job's ladder.
 
-Over seeds each figure is the mean (deadline met: the share of seeds, %). A job a run never
-submitted is absent from that run's rows, not zero.
+Over seeds each figure is the mean (deadline met: the share of seeds, %); $ is blank for a job when
+any of its runs lacks it (a mean over fewer seeds than the other columns would not compare). A job a
+run never submitted is absent from that run's rows, not zero.
 """
 
 from __future__ import annotations
@@ -52,6 +58,13 @@ class JobRow(KoiModel):
     slo_tokens: float
     gpu_hours: float
     swaps: float
+    usd: float | None = Field(default=None, description="$ of the instances the job's ranks held")
+    usd_by_market: dict[str, float] | None = Field(default=None, description="market -> $ (markets used)")
+
+
+#: The pseudo-job that carries the reserved capacity no job held (its $ only).
+IDLE_RESERVED = "(idle reserved)"
+MARKETS = ("reserved", "on_demand", "spot")
 
 
 def run_job_rows(run: RunResult, records: np.ndarray) -> list[JobRow]:
@@ -90,13 +103,31 @@ def run_job_rows(run: RunResult, records: np.ndarray) -> list[JobRow]:
             progress_pct=None if online else m.batch_progress_pct,
             deadline_met_pct=m.deadline_attainment_pct if due else None,
             slo_tokens=m.slo_tokens, gpu_hours=gpu_h.get(job.job_id, 0.0), swaps=float(swaps.get(job.job_id, 0)),
+            **_dollars(run, job.job_id),
         ))
+    idle = None if run.job_cost_usd is None else max(ei.fleet_cost_usd - sum(r.usd or 0.0 for r in rows), 0.0)
+    rows.append(JobRow(policy=run.key.policy, job_id=IDLE_RESERVED, job_class="fleet", requests=0.0, slo_tokens=0.0,
+                       gpu_hours=0.0, swaps=0.0, usd=idle, usd_by_market=None if idle is None else {"reserved": idle}))
     return rows
+
+
+def _dollars(run: RunResult, job_id: str) -> dict[str, object]:
+    if run.job_cost_usd is None:
+        return {}
+    by = run.job_cost_usd.get(job_id, {})
+    return {"usd": float(sum(by.values())), "usd_by_market": {m: float(by[m]) for m in MARKETS if m in by}}
 
 
 def _mean(xs: Sequence[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return float(np.mean(vals)) if vals else None
+
+
+def _mean_markets(rs: Sequence[JobRow]) -> dict[str, float] | None:
+    if any(r.usd_by_market is None for r in rs):
+        return None
+    used = [m for m in MARKETS if any(m in (r.usd_by_market or {}) for r in rs)]
+    return {m: float(np.mean([(r.usd_by_market or {}).get(m, 0.0) for r in rs])) for m in used}
 
 
 def mean_rows(rows: Iterable[JobRow]) -> list[JobRow]:
@@ -106,6 +137,7 @@ def mean_rows(rows: Iterable[JobRow]) -> list[JobRow]:
         groups.setdefault((r.policy, r.job_id), []).append(r)
     out = []
     for (policy, job_id), rs in groups.items():
+        markets = _mean_markets(rs)
         out.append(JobRow(
             policy=policy, job_id=job_id, job_class=rs[0].job_class, seeds=len(rs),
             requests=float(np.mean([r.requests for r in rs])),
@@ -114,6 +146,7 @@ def mean_rows(rows: Iterable[JobRow]) -> list[JobRow]:
             deadline_met_pct=_mean([r.deadline_met_pct for r in rs]),
             slo_tokens=float(np.mean([r.slo_tokens for r in rs])), gpu_hours=float(np.mean([r.gpu_hours for r in rs])),
             swaps=float(np.mean([r.swaps for r in rs])),
+            usd=None if markets is None else float(np.mean([r.usd for r in rs])), usd_by_market=markets,
         ))
     return out
 
@@ -133,8 +166,8 @@ def job_breakdown(runs: Sequence[RunResult], records_of: Callable[[RunResult], n
 
 
 #: The columns of :func:`display_rows` (the terminal table and the Markdown file).
-JOB_COLUMNS = ["job", "policy", "GPU-h", "swaps", "TTFT %", "TPOT %", "p99 windows %", "progress %", "deadline met %",
-               "SLO Mtok"]
+JOB_COLUMNS = ["job", "policy", "$", "$ res / od / spot", "GPU-h", "swaps", "TTFT %", "TPOT %", "p99 windows %",
+               "progress %", "deadline met %", "SLO Mtok"]
 ALL_JOBS = "(all jobs)"
 
 
@@ -142,29 +175,48 @@ def _fmt(x: float | None, digits: int = 1) -> str:
     return "" if x is None else f"{x:,.{digits}f}"
 
 
+def _markets(by: dict[str, float] | None) -> str:
+    return "" if by is None else " / ".join(f"{by.get(m, 0.0):,.0f}" for m in MARKETS)
+
+
+def _row(job_id: str, r: JobRow) -> dict[str, str]:
+    idle = r.job_id == IDLE_RESERVED  # dollars only: it holds no GPU, serves no token
+    return {"job": job_id, "policy": r.policy, "$": _fmt(r.usd, 0), "$ res / od / spot": _markets(r.usd_by_market),
+            "GPU-h": "" if idle else _fmt(r.gpu_hours), "swaps": "" if idle else _fmt(r.swaps),
+            "TTFT %": _fmt(r.ttft_pct, 2), "TPOT %": _fmt(r.tpot_pct, 2), "p99 windows %": _fmt(r.p99_windows_pct),
+            "progress %": _fmt(r.progress_pct), "deadline met %": _fmt(r.deadline_met_pct, 0),
+            "SLO Mtok": "" if idle else _fmt(r.slo_tokens / 1e6, 2)}
+
+
+def _sum(xs: Iterable[float | None]) -> float | None:
+    vals = list(xs)
+    return None if any(x is None for x in vals) else float(sum(v for v in vals if v is not None))
+
+
 def display_rows(rows: Sequence[JobRow]) -> list[dict[str, str]]:
-    """The breakdown as table rows: jobs where the policies' GPU-hours differ most first (that is where
-    their spend differs), each job's policies in the order given, then one all-jobs row per policy
-    (GPU-hours, swaps and SLO tokens summed)."""
+    """The breakdown as table rows: jobs where the policies' dollars differ most first (GPU-hours when
+    some run has no dollars) — that is where their spend differs — each job's policies in the order
+    given, then the idle reserved capacity, then one all-jobs row per policy (dollars, GPU-hours, swaps
+    and SLO tokens summed; its $ is the policy table's fleet cost)."""
     by_job: dict[str, list[JobRow]] = {}
     for r in rows:
-        by_job.setdefault(r.job_id, []).append(r)
+        if r.job_id != IDLE_RESERVED:
+            by_job.setdefault(r.job_id, []).append(r)
+    dollars = all(r.usd is not None for rs in by_job.values() for r in rs)
 
     def spread(job_id: str) -> float:
-        g = [r.gpu_hours for r in by_job[job_id]]
+        g = [(r.usd or 0.0) if dollars else r.gpu_hours for r in by_job[job_id]]
         return max(g) - min(g)
 
-    out = []
-    for job_id in sorted(by_job, key=lambda j: (-spread(j), j)):
-        for r in by_job[job_id]:
-            out.append({"job": job_id, "policy": r.policy, "GPU-h": _fmt(r.gpu_hours), "swaps": _fmt(r.swaps),
-                        "TTFT %": _fmt(r.ttft_pct, 2), "TPOT %": _fmt(r.tpot_pct, 2),
-                        "p99 windows %": _fmt(r.p99_windows_pct), "progress %": _fmt(r.progress_pct),
-                        "deadline met %": _fmt(r.deadline_met_pct, 0), "SLO Mtok": _fmt(r.slo_tokens / 1e6, 2)})
+    out = [_row(job_id, r) for job_id in sorted(by_job, key=lambda j: (-spread(j), j)) for r in by_job[job_id]]
+    out += [_row(IDLE_RESERVED, r) for r in rows if r.job_id == IDLE_RESERVED and r.usd is not None]
     policies = list(dict.fromkeys(r.policy for r in rows))
     for p in policies:
         mine = [r for r in rows if r.policy == p]
-        out.append({"job": ALL_JOBS, "policy": p, "GPU-h": _fmt(sum(r.gpu_hours for r in mine)),
+        markets = None if any(r.usd_by_market is None for r in mine) else {
+            m: sum((r.usd_by_market or {}).get(m, 0.0) for r in mine) for m in MARKETS}
+        out.append({"job": ALL_JOBS, "policy": p, "$": _fmt(_sum(r.usd for r in mine), 0),
+                    "$ res / od / spot": _markets(markets), "GPU-h": _fmt(sum(r.gpu_hours for r in mine)),
                     "swaps": _fmt(sum(r.swaps for r in mine)), "TTFT %": "", "TPOT %": "", "p99 windows %": "",
                     "progress %": "", "deadline met %": "",
                     "SLO Mtok": _fmt(sum(r.slo_tokens for r in mine) / 1e6, 2)})

@@ -37,7 +37,9 @@ What a tick's :class:`~koi.bench.evaluator.TickTrace` holds (choices where the b
 Admitted jobs are those with a replica that came up (the world's ``replica_ready`` events);
 the evaluated jobs are those submitted before the horizon (later ones have no traffic in
 the run); fleet cost is the world's (allocated instances plus idle reserved capacity) and
-the reserved commitment over the horizon is the world's fleet's.
+the reserved commitment over the horizon is the world's fleet's; ``job_cost_usd`` is the world's
+showback of the allocated instances by job and market (``World.cost()["per_job_market"]``), so the
+evaluated jobs' dollars plus the idle reserved commitment make the fleet's cost.
 """
 
 from __future__ import annotations
@@ -368,8 +370,10 @@ def assemble(
     )  # fmt: skip
     info = [JobInfo(job_id=j.job_id, job_class=j.job_class.value, model=j.model, submitted_at=j.submitted_at)
             for j in jobs]
+    job_cost = {j: {m: round(usd, 6) for m, usd in by.items()} for j, by in cost["per_job_market"].items()
+                if j in job_ids}
     return RunResult(key=key, meta=meta, metrics=metrics, trace=trace, plans=plans, jobs=info,
-                     eval_inputs=stored), rec
+                     eval_inputs=stored, job_cost_usd=dict(sorted(job_cost.items()))), rec
 
 
 # ---- the in-process run -------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ a progress bar for the suite and one per running run (ticks); then writes the ta
 figures under ``KOI_DATA_DIR/bench/<scenario>/report/`` and prints the main table.
 ``koi bench report --scenario hetero-3h`` rebuilds them from the cache; ``--json`` prints one
 JSON document (every policy's mean and std of every metric). ``koi bench jobs --policies koi,milp``
-breaks the cached runs down by job (:mod:`koi.bench.jobs`: where each policy's GPU-hours, swaps and
+breaks the cached runs down by job (:mod:`koi.bench.jobs`: where each policy's dollars, GPU-hours, swaps and
 SLO misses go).
 
 Ctrl-C or SIGTERM stops a suite: queued runs are dropped and running ones terminated (finished
@@ -445,9 +445,9 @@ def jobs(
     first_seed: int = typer.Option(0, "--first-seed", min=0),
     json_out: bool = JSON,
 ) -> None:
-    """Break cached runs down by job: each policy's GPU-hours, swaps and SLO attainment per job (mean over
-    seeds), the jobs where the policies' GPU-hours differ most first; also written as jobs.md in the
-    report directory."""
+    """Break cached runs down by job: each policy's dollars (by market), GPU-hours, swaps and SLO attainment
+    per job (mean over seeds), the jobs where the policies' dollars differ most first, then the reserved
+    capacity no job held; also written as jobs.md in the report directory."""
     from koi.bench.cache import RunCache
     from koi.bench.jobs import JOB_COLUMNS, display_rows, job_breakdown, markdown
     from koi.bench.report import select_runs

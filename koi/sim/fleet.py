@@ -141,6 +141,18 @@ class Fleet:
                 total += self.pools[inst.pool].price * (end - inst.alloc_t) / 3600.0
         return total
 
+    def instance_cost_by_rank(self, t: float) -> dict[tuple[int, str], float]:
+        """$ of allocated instances over [0, t] by (rank index, market): showback of the allocated
+        part of the bill (idle reserved capacity belongs to no rank). Sums to :meth:`instance_cost`."""
+        out: dict[tuple[int, str], float] = {}
+        for inst in self.instances:
+            end = min(inst.release_t, t)
+            if end > inst.alloc_t:
+                pool = self.pools[inst.pool]
+                key = (inst.rank, pool.env.market.value)
+                out[key] = out.get(key, 0.0) + pool.price * (end - inst.alloc_t) / 3600.0
+        return out
+
     def reserved_commitment(self, t: float) -> tuple[float, float]:
         """($ of all reserved capacity over [0, t], $ of it that was allocated)."""
         commit = 0.0

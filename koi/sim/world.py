@@ -286,13 +286,17 @@ class World(EventQueue, ReplicaLifecycle, RequestFlow):
         return np.concatenate(parts)
 
     def cost(self) -> dict[str, Any]:
-        """$ so far: the fleet's (allocated instances + idle reserved commitment) and per job."""
+        """$ so far: the fleet's (allocated instances + idle reserved commitment), per job (the instances
+        its ranks held, every rank it ever had) and per job and market (``per_job_market``: job →
+        reserved / on-demand / spot → $, markets it never used absent)."""
         c = self.fleet.fleet_cost(self.t)
-        per_job: dict[str, float] = {}
-        for jr in self.jobs:
-            ranks = {r.idx for r in self.ranks if r.job_idx == jr.idx}
-            per_job[jr.job.job_id] = self.fleet.instance_cost(self.t, ranks) if ranks else 0.0
-        return {**c, "per_job": per_job}
+        job_of = {r.idx: self.jobs[r.job_idx].job.job_id for r in self.ranks}
+        per_market: dict[str, dict[str, float]] = {jr.job.job_id: {} for jr in self.jobs}
+        for (rank, market), usd in sorted(self.fleet.instance_cost_by_rank(self.t).items()):
+            by = per_market[job_of[rank]]
+            by[market] = by.get(market, 0.0) + usd
+        per_job = {j: sum(by.values()) for j, by in per_market.items()}
+        return {**c, "per_job": per_job, "per_job_market": per_market}
 
     def tokens_owed(self) -> np.ndarray:
         """Output tokens still owed per job (queued + in flight)."""
