@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from koi.agent import demo
-from koi.agent.parse import PlanParseError, parse_plan, salvage_cut_plan
+from koi.agent.parse import PlanParseError, parse_plan, salvage_cut_plan, salvage_plan
 from koi.agent.plan_schema import RESPONSE_FORMATS, check_response_format, plan_schema, response_format
 
 
@@ -152,3 +152,30 @@ def test_a_key_written_twice_is_named_not_overwritten(snap):
     with pytest.raises(PlanParseError, match="key 'type' written twice in one object"):
         parse_plan(text.replace('"type": "keep"', '"type": "keep", "type": "swap"'), snap)
     assert parse_plan(text, snap).actions  # the same text without the second key parses
+
+
+def test_salvage_keeps_the_jobs_written_cleanly_and_drops_every_action_of_a_job_with_a_problem(snap):
+    """After a failed repair: two actions for one job drop both (which was meant cannot be told), an
+    unknown job and an action without a job id drop alone, unused plan fields are ignored; the other
+    jobs' actions stand as written. A problem with the plan as a whole still refuses it."""
+    plan = a_plan(snap)  # batch-8b place, chat-70b place, chat-8b keep
+    plan["actions"].append({"job_id": "chat-70b", "type": "defer", "ladder": []})
+    plan["actions"] += [{"job_id": "no-such-job", "type": "keep", "ladder": []}, {"type": "keep"}]
+    plan["confidence"] = "high"
+    text = json.dumps(plan)
+    with pytest.raises(PlanParseError) as strict:
+        parse_plan(text, snap)
+    kept, problems = salvage_plan(text, snap, proposer="llm-only")
+    assert {a.job_id: a.type.value for a in kept.actions} == {"batch-8b": "place", "chat-8b": "keep"}
+    assert kept.proposer == "llm-only" and kept.tick == snap.tick
+    assert problems == strict.value.problems  # the same problems, named the same way
+    assert any("a second action for job 'chat-70b'" in p for p in problems)
+    assert any("unknown job_id 'no-such-job'" in p for p in problems) and any("confidence" in p for p in problems)
+    # a clean plan salvages to itself, with nothing to say
+    clean, none = salvage_plan(json.dumps(a_plan(snap)), snap)
+    assert clean.actions == parse_plan(json.dumps(a_plan(snap)), snap).actions and none == []
+    # a key written twice cannot be tied to one action: the whole plan is refused, as is text that is not JSON
+    with pytest.raises(PlanParseError, match="key 'type' written twice"):
+        salvage_plan(text.replace('"type": "keep"', '"type": "keep", "type": "swap"', 1), snap)
+    with pytest.raises(PlanParseError, match="not JSON"):
+        salvage_plan(text[:-2], snap)

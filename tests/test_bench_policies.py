@@ -134,7 +134,8 @@ THREE_TICKS = {"bandit", "evo", "best-fixed"}
 FOUR_TICKS = {"koi", "koi-frozen"}
 
 
-def run_policy(tmp_path_factory, scenario, name: str, *, seed: int = 0, n_ticks: int | None = None) -> Run:
+def run_policy(tmp_path_factory, scenario, name: str, *, seed: int = 0, n_ticks: int | None = None,
+               options: dict[str, Any] | None = None) -> Run:
     n_ticks = n_ticks or (4 if name in FOUR_TICKS else 3 if name in THREE_TICKS else 2)
     spec = get_policy(name)
     path = tmp_path_factory.mktemp(f"{name}-s{seed}") / "koi.db"
@@ -143,7 +144,7 @@ def run_policy(tmp_path_factory, scenario, name: str, *, seed: int = 0, n_ticks:
     cid = f"t-{name}-s{seed}"
     world = World(scenario, seed=seed, cluster_id=cid)
     proposer = spec.make_proposer(BenchContext(scenario=scenario, seed=seed, cluster_id=cid, world=world,
-                                               options=options_for(name)))
+                                               options=options_for(name) if options is None else options))
 
     def skip(session, cluster_id, tick):
         return {}
@@ -211,6 +212,34 @@ def test_llm_only_repairs_a_malformed_reply_once_and_records_its_tokens(runs):
     assert row is not None and row.payload["status"] == "parsed" and row.payload["usage"]["calls"] == 2
     # the empty plan deferred everything; S5's C6 admitted the jobs the plan left waiting
     assert run.results[0].plan.by_type == {"defer": 2} and run.results[0].deploy.launched >= 2
+
+
+def test_llm_only_keeps_the_jobs_a_twice_failed_reply_wrote_cleanly(tmp_path_factory, scenario):
+    """Both turns write two actions for ``moderation``: the repair fails too, and the tick keeps the model's
+    plan (its rationale, not the fallback's) with ``chat-8b``'s action, ``moderation`` left to its default;
+    the stage output and the run's LLM use say the plan was salvaged."""
+    from koi.agent.llm import CallableChatModel
+    from koi.bench.llm_use import run_llm_use
+    from koi.store import load_stage_output
+
+    reply = json.dumps({"tick_rationale": "hold chat, moderation twice", "actions": [
+        {"job_id": "chat-8b", "type": "defer", "ladder": []},
+        {"job_id": "moderation", "type": "defer", "ladder": []},
+        {"job_id": "moderation", "type": "keep", "ladder": []}]})
+    model = CallableChatModel(lambda messages, meta: f"```json\n{reply}\n```", name="scripted-twice")
+    run = run_policy(tmp_path_factory, scenario, "llm-only", n_ticks=1, options={"llm_model": model})
+    try:
+        with session_scope(run.engine) as s:
+            out = load_stage_output(s, run.cluster_id, 0, "S4_llm/a0").payload
+            proposed = get_plan(s, run.cluster_id, 0)
+            use = run_llm_use(s, run.cluster_id, 1)
+        assert (out["status"], out["salvaged"], out["usage"]["calls"]) == ("parsed", True, 2)
+        assert any("a second action for job 'moderation'" in p for p in out["problems"])
+        assert proposed.tick_rationale.startswith("hold chat, moderation twice")  # the model's, then S5's repair
+        assert (use.model_plans, use.salvaged_plans, use.fallback_plans) == (1, 1, 0)
+        assert run.results[0].outcome is TickOutcome.COMMITTED
+    finally:
+        run.engine.dispose()
 
 
 def test_a_runs_llm_use_counts_whose_plans_the_ticks_proposed_and_sums_every_attempts_tokens(runs):

@@ -18,7 +18,8 @@ Reply format (RLM style, model-agnostic: no native tool calling, no JSON mode):
 shape-checks it against the snapshot: known job ids, one action per job, ladders where
 the action type needs one. It reports every problem at once (the repair prompt shows
 them all); it does not judge capacity, feasibility or risk — that is validation's job
-(C0–C7).
+(C0–C7). :func:`salvage_plan` is its lenient twin for a last attempt: the same reading,
+keeping the jobs written without a problem.
 """
 
 from __future__ import annotations
@@ -115,26 +116,30 @@ def _no_duplicate_keys(problems: list[str]) -> Any:
     return hook
 
 
-def parse_plan(
-    value: str | dict[str, Any] | list[Any],
-    snapshot: ClusterSnapshot,
-    *,
-    proposer: str = "rlm",
-    default_issuer: Issuer = Issuer.ROOT,
-) -> Plan:
-    """Committed JSON (text or data) -> :class:`Plan`, or :class:`PlanParseError` listing every problem.
+@dataclass
+class _ReadPlan:
+    """A plan read action by action: what is wrong with it as a whole (``fatal``: no plan can be had from
+    it), what is wrong but harmless (``notes``: fields the plan does not use), and each action's problem
+    with the job it names (None when no job id could be read)."""
 
-    Accepts the spec's shape ``{"tick_rationale", "actions": [...]}`` and a bare list of
-    actions. A key written twice in one object of the JSON text is a problem, not the silent
-    overwrite ``json.loads`` does. ``tick`` and ``cluster_id`` come from the snapshot, never from the model.
-    Omitted jobs are *not* filled in here (see :func:`koi.agent.backend.complete`).
-    """
-    problems: list[str] = []
+    fatal: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)  # the first well-formed action of each known job
+    action_problems: list[tuple[str | None, str]] = field(default_factory=list)
+    rationale: str = ""
+
+    @property
+    def problems(self) -> list[str]:
+        return [*self.fatal, *self.notes, *(p for _job, p in self.action_problems)]
+
+
+def _read_plan(value: str | dict[str, Any] | list[Any], snapshot: ClusterSnapshot, default_issuer: Issuer) -> _ReadPlan:
+    out = _ReadPlan()
     if isinstance(value, str):
         if len(value) > MAX_PLAN_CHARS:
             raise PlanParseError([f"plan too large: {len(value)} characters"])
         try:
-            data: Any = json.loads(value, object_pairs_hook=_no_duplicate_keys(problems))
+            data: Any = json.loads(value, object_pairs_hook=_no_duplicate_keys(out.fatal))
         except (ValueError, RecursionError) as exc:
             raise PlanParseError([f"not JSON: {exc}"]) from None
     else:
@@ -150,22 +155,22 @@ def parse_plan(
         raise PlanParseError([f"too many actions: {len(actions)}"])
     extra = sorted(set(data) - {"actions", "tick_rationale", "tick", "cluster_id", "proposer"})
     if extra:
-        problems.append(f"unknown plan fields {extra} (allowed: tick_rationale, actions)")
+        out.notes.append(f"unknown plan fields {extra} (allowed: tick_rationale, actions)")
     rationale = data.get("tick_rationale", "")
     if not isinstance(rationale, str):
-        problems.append("tick_rationale must be a string")
+        out.notes.append("tick_rationale must be a string")
         rationale = ""
+    out.rationale = rationale
     known = {js.job.job_id: js for js in snapshot.jobs}
-    parsed: list[Action] = []
     seen: set[str] = set()
     for i, raw in enumerate(actions):
         where = f"actions[{i}]"
         if not isinstance(raw, dict):
-            problems.append(f"{where}: an action is an object, got {type(raw).__name__}")
+            out.action_problems.append((None, f"{where}: an action is an object, got {type(raw).__name__}"))
             continue
         raw = dict(raw)
-        job_id = raw.get("job_id")
-        if isinstance(job_id, str):
+        job_id = raw.get("job_id") if isinstance(raw.get("job_id"), str) else None
+        if job_id is not None:
             where = f"actions[{i}] (job {job_id})"
         raw.setdefault("issuer", default_issuer.value)
         if raw.get("ladder") == []:
@@ -173,20 +178,65 @@ def parse_plan(
         try:
             action = Action.model_validate(raw)
         except ValidationError as exc:
-            problems.extend(_pydantic_problems(where, exc))
+            out.action_problems += [(job_id, p) for p in _pydantic_problems(where, exc)]
             continue
         if action.job_id not in known:
-            problems.append(f"{where}: unknown job_id {action.job_id!r}")
+            out.action_problems.append((action.job_id, f"{where}: unknown job_id {action.job_id!r}"))
             continue
         if action.job_id in seen:
-            problems.append(f"{where}: a second action for job {action.job_id!r} (one action per job)")
+            out.action_problems.append(
+                (action.job_id, f"{where}: a second action for job {action.job_id!r} (one action per job)"))
             continue
         seen.add(action.job_id)
-        parsed.append(action)
-    if problems:
-        raise PlanParseError(problems)
-    return Plan(tick=snapshot.tick, cluster_id=snapshot.cluster_id, actions=parsed,
-                tick_rationale=rationale[:4000], proposer=proposer)
+        out.actions.append(action)
+    return out
+
+
+def parse_plan(
+    value: str | dict[str, Any] | list[Any],
+    snapshot: ClusterSnapshot,
+    *,
+    proposer: str = "rlm",
+    default_issuer: Issuer = Issuer.ROOT,
+) -> Plan:
+    """Committed JSON (text or data) -> :class:`Plan`, or :class:`PlanParseError` listing every problem.
+
+    Accepts the spec's shape ``{"tick_rationale", "actions": [...]}`` and a bare list of
+    actions. A key written twice in one object of the JSON text is a problem, not the silent
+    overwrite ``json.loads`` does. ``tick`` and ``cluster_id`` come from the snapshot, never from the model.
+    Omitted jobs are *not* filled in here (see :func:`koi.agent.backend.complete`).
+    """
+    read = _read_plan(value, snapshot, default_issuer)
+    if read.problems:
+        raise PlanParseError(read.problems)
+    return Plan(tick=snapshot.tick, cluster_id=snapshot.cluster_id, actions=read.actions,
+                tick_rationale=read.rationale[:4000], proposer=proposer)
+
+
+def salvage_plan(
+    value: str | dict[str, Any] | list[Any],
+    snapshot: ClusterSnapshot,
+    *,
+    proposer: str = "rlm",
+    default_issuer: Issuer = Issuer.ROOT,
+) -> tuple[Plan, list[str]]:
+    """The part of a plan :func:`parse_plan` refuses that is still the model's word: ``(plan, problems)``.
+
+    For a last attempt, after the repair turn (the strict parse goes first, so the model sees every
+    problem once). Each job's action stands alone and a job the plan omits keeps running or keeps
+    waiting (white paper), so a problem tied to one job drops **every** action of that job — for a
+    job written twice, both: which one the model meant cannot be told — and the other jobs' actions
+    stand. An action without a readable job id is dropped by itself; fields the plan does not use are
+    ignored. Nothing is repaired or guessed. A problem with the plan as a whole (not JSON, no
+    ``actions`` list, a key written twice in one object — that one cannot be tied to an action) still
+    raises :class:`PlanParseError`. ``problems`` lists what was dropped and why."""
+    read = _read_plan(value, snapshot, default_issuer)
+    if read.fatal:
+        raise PlanParseError(read.problems)
+    bad = {job for job, _p in read.action_problems if job is not None}
+    kept = [a for a in read.actions if a.job_id not in bad]
+    return (Plan(tick=snapshot.tick, cluster_id=snapshot.cluster_id, actions=kept,
+                 tick_rationale=read.rationale[:4000], proposer=proposer), read.problems)
 
 
 _ACTIONS_OPEN = re.compile(r'"actions"\s*:\s*\[')

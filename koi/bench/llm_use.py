@@ -31,6 +31,8 @@ class LlmUse(KoiModel):
     model_plans: int = Field(default=0, description="ticks whose S4 proposal is the model's plan")
     cut_plans: int = Field(default=0, description="of the model's plans, those kept from a reply cut at the token "
                                                    "cap (its actions written in full; LLM-only)")
+    salvaged_plans: int = Field(default=0, description="of the model's plans, those kept in part after the repair "
+                                                        "turn failed too (jobs with a problem dropped; LLM-only)")
     fallback_plans: int = Field(default=0, description="ticks whose proposal is the fallback (keep/defer, or the "
                                                        "deterministic anchor for the RLM planner)")
     caps: dict[str, float] = Field(default_factory=dict, description="the bounds the planner ran under (its "
@@ -50,6 +52,7 @@ class LlmUse(KoiModel):
         decodings = sorted({d for d in (self.decoding, other.decoding) if d})
         return LlmUse(model=",".join(names), caps=agreed, decoding=",".join(decodings), ticks=self.ticks + other.ticks,
                       model_plans=self.model_plans + other.model_plans, cut_plans=self.cut_plans + other.cut_plans,
+                      salvaged_plans=self.salvaged_plans + other.salvaged_plans,
                       fallback_plans=self.fallback_plans + other.fallback_plans, usage=self.usage.merge(other.usage))
 
 
@@ -64,7 +67,8 @@ def _attempt(stage: str, prefix: str) -> int | None:
 def tick_llm_use(rows: list[Any]) -> LlmUse | None:
     """One tick's use from its stage-output rows (anything with ``stage`` and ``payload``); None if no report."""
     usage = Usage()
-    last: tuple[int, bool, str, dict[str, float], str, bool] | None = None  # (attempt, model's plan?, model, caps, decoding, cut?)
+    # (attempt, model's plan?, model, caps, decoding, cut?, salvaged?)
+    last: tuple[int, bool, str, dict[str, float], str, bool, bool] | None = None
     for row in rows:
         stage, payload = str(row.stage), row.payload or {}
         if not isinstance(payload, dict):
@@ -86,11 +90,11 @@ def tick_llm_use(rows: list[Any]) -> LlmUse | None:
                         {str(c): float(v) for c, v in caps.items() if isinstance(v, int | float)}
                         if isinstance(caps, dict) else {},
                         str(payload.get("decoding") or "") if prefix == "S4_llm" else "",
-                        mine and payload.get("cut") is True)
+                        mine and payload.get("cut") is True, mine and payload.get("salvaged") is True)
     if last is None:
         return None
     return LlmUse(model=last[2], caps=last[3], decoding=last[4], ticks=1, model_plans=int(last[1]),
-                  cut_plans=int(last[5]), fallback_plans=int(not last[1]), usage=usage)
+                  cut_plans=int(last[5]), salvaged_plans=int(last[6]), fallback_plans=int(not last[1]), usage=usage)
 
 
 def run_llm_use(session: Any, cluster_id: str, n_ticks: int) -> LlmUse | None:

@@ -127,7 +127,9 @@ def llm_rows(rows: Sequence[PolicyRow]) -> list[dict[str, str]]:
         model = u.model or "?"
         if u.decoding and u.decoding != "none":
             model += f" ({u.decoding})"
-        plans = f"{u.model_plans}/{u.ticks} ({100 * u.model_share:.0f}%)" + (f", {u.cut_plans} cut" if u.cut_plans else "")
+        plans = f"{u.model_plans}/{u.ticks} ({100 * u.model_share:.0f}%)"
+        plans += (f", {u.cut_plans} cut" if u.cut_plans else "") + (
+            f", {u.salvaged_plans} salvaged" if u.salvaged_plans else "")
         vals = [_label(r), model, str(r.llm_runs), plans,
                 f"{u.usage.calls} ({u.usage.failed_calls})", f"{u.usage.prompt_tokens / n:,.0f}",
                 f"{u.usage.completion_tokens / n:,.0f}", f"{u.usage.cost_usd / n:.4f}", f"{per_call:.1f}"]

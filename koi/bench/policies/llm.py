@@ -14,7 +14,12 @@ now) — the plan format (the white paper's plan JSON, :data:`koi.agent.prompts.
 the rules (one action per job, capacity, TP dividing the heads, a swap budget), and answers with
 one JSON plan. No tools, no predictions, no scores. A reply that does not parse or shape-check
 (:func:`koi.agent.parse.parse_plan`) gets **one** repair turn listing every problem; a second
-failure gives keep/defer for everyone. Jobs the plan omits keep (running) or defer (pending). A reply
+failure keeps what it can: the actions of the jobs the reply wrote without a problem stand, every action of
+a job with one is dropped (a job written twice loses both: which was meant cannot be told;
+:func:`koi.agent.parse.salvage_plan`; the stage output says ``salvaged``), and only a reply with no such
+action, or one unreadable as a whole, gives keep/defer for everyone. (Under the plan's schema SmolLM2
+lost about one tick in 36 to two actions for one job in both turns.) Jobs the plan omits keep (running)
+or defer (pending). A reply
 cut at the token cap (``finish_reason == "length"``) keeps the actions it wrote in full
 (:func:`koi.agent.parse.salvage_cut_plan`: the cut one and those after it are omitted jobs, no
 repair turn; the stage output says ``cut``); one cut before any action was complete gets the repair
@@ -187,7 +192,13 @@ class LlmOnly(PolicyProposer):
 
     def propose(self, ctx: Any) -> Plan:
         from koi.agent.llm import ChatMessage, MeteredModel
-        from koi.agent.parse import PlanParseError, keep_defer_plan, parse_plan, salvage_cut_plan
+        from koi.agent.parse import (
+            PlanParseError,
+            keep_defer_plan,
+            parse_plan,
+            salvage_cut_plan,
+            salvage_plan,
+        )
         from koi.agent.prompts import PLAN_EXAMPLE
         from koi.planning.tick import load_planning_context
 
@@ -226,21 +237,31 @@ class LlmOnly(PolicyProposer):
                     messages += [ChatMessage(role="assistant", content=reply.content),
                                  ChatMessage(role="user", content=REPAIR.format(
                                      problems="\n".join(f"  * {p}" for p in problems[:25])))]
+        salvaged = False
+        if plan is None and raw is not None:  # the repair failed too: keep the jobs it wrote cleanly
+            try:
+                kept, _dropped = salvage_plan(raw, snap, proposer=self.policy)
+            except PlanParseError:
+                kept = None
+            if kept is not None and kept.actions:
+                plan, salvaged = kept, True
         status = "parsed" if plan is not None else "malformed"
         if plan is None:
             plan = keep_defer_plan(snap, proposer=self.policy,
                                    rationale="llm-only: no usable plan after one repair: " + "; ".join(problems[:5]))
-        self._persist(ctx, status, problems, metered.usage, metered.name, cut=cut and status == "parsed")
+        self._persist(ctx, status, problems, metered.usage, metered.name, cut=cut and status == "parsed",
+                      salvaged=salvaged)
         return plan
 
-    def _persist(self, ctx: Any, status: str, problems: list[str], usage: Any, model: str, *, cut: bool) -> None:
+    def _persist(self, ctx: Any, status: str, problems: list[str], usage: Any, model: str, *, cut: bool,
+                 salvaged: bool) -> None:
         if ctx.session is None:
             return
         from koi.store.repos.stages import digest, save_stage_output
 
         save_stage_output(ctx.session, ctx.cluster_id, ctx.tick, f"S4_llm/a{ctx.attempt}",
                           {"policy": self.policy, "model": model, "caps": {"max_tokens": self.max_tokens},
-                           "decoding": self.decoding, "cut": cut,
+                           "decoding": self.decoding, "cut": cut, "salvaged": salvaged,
                            "status": status, "problems": problems[:20],
                            "usage": usage.model_dump(mode="json")},
                           input_digest=digest({"attempt": ctx.attempt}))
