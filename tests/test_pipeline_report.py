@@ -49,6 +49,23 @@ def test_per_tick_rows_say_how_each_tick_ended_and_what_it_did(run):
     assert summary["ticks"] == {**summary["ticks"], "total": 2, "committed": 1, "fallback": 1}
 
 
+def test_each_jobs_dollars_are_its_instances_and_add_up_to_the_fleets_bill(run):
+    """Per job: the instances its ranks held, by market, over its own output tokens; with the idle reserved
+    commitment they make the fleet's cost."""
+    _, summary = run
+    jobs = summary["per_job"]
+    assert sum(j["cost_usd"] for j in jobs) + summary["idle_reserved_usd"] == pytest.approx(summary["cost_usd"], abs=1e-3)
+    paying = [j for j in jobs if j["cost_usd"] > 0]
+    assert paying, "tick 0 placed jobs: their instances cost something"
+    for j in jobs:
+        assert sum(j["cost_by_market"].values()) == pytest.approx(j["cost_usd"], abs=1e-3)
+        assert set(j["cost_by_market"]) <= {"reserved", "on_demand", "spot"}
+        if j["output_tokens"]:
+            assert j["usd_per_mtok"] == pytest.approx(j["cost_usd"] / j["output_tokens"] * 1e6, rel=1e-3)
+        else:
+            assert j["usd_per_mtok"] is None
+
+
 def test_the_markdown_report_holds_the_fleet_each_job_and_each_tick(run):
     _, summary = run
     doc = {**summary, "scenario": "demo", "ui": "http://localhost:8233/x", "next": [{"command": "koi ticks --cluster report-sim", "what": "each tick"}]}

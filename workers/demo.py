@@ -232,7 +232,8 @@ def render(summary: dict[str, Any]) -> None:
     console.print(t)
     if summary.get("per_job"):
         jt = Table(title="per job", header_style="bold")
-        cols = ["job_id", "class", "served", "ended", "p99_ttft_ms", "p99_tpot_ms", "ttft_attainment", "deadline_met"]
+        cols = ["job_id", "class", "served", "ended", "cost_usd", "usd_per_mtok", "p99_ttft_ms", "p99_tpot_ms",
+                "ttft_attainment", "deadline_met"]
         for c in cols:
             jt.add_column(c)
         for r in summary["per_job"]:

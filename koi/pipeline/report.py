@@ -5,7 +5,10 @@ Figures (choices where the brief is vague):
 - **goodput**: output tokens per simulated second of requests that met their SLO — online:
   TTFT and TPOT within target; batch: finished before the job's deadline;
 - **$/token**: the fleet's cost so far (allocated instances and idle reserved commitment)
-  over every output token produced, also given per million tokens;
+  over every output token produced, also given per million tokens; per job, the instances its ranks
+  held (each at its pool's price from allocation to release, by market) over the job's own output
+  tokens — the idle reserved commitment is the fleet's, so the jobs' dollars add up to the fleet's
+  less that (``idle_reserved_usd``);
 - **TTFT / TPOT attainment**: over online requests that ended (served or not; a request
   never served misses both), the fraction within the job's TTFT (TPOT) target;
 - **swaps**: swap actions in committed plans (a job moved to a new ladder);
@@ -93,8 +96,12 @@ def world_figures(world: Any) -> dict[str, Any]:
         s = r[r["status"] == Status.SERVED]
         ttft = (s["first_token"] - s["arrival"]) * 1e3
         tpot = np.where(s["tokens_out"] > 1, (s["finish"] - s["first_token"]) / np.maximum(s["tokens_out"] - 1, 1) * 1e3, 0.0)
+        markets = cost.get("per_job_market", {}).get(job.job_id, {})
+        usd, out_tokens = float(sum(markets.values())), int(s["tokens_out"].sum())
         row: dict[str, Any] = {"job_id": job.job_id, "class": job.job_class.value, "ended": int(len(r)),
-                               "served": int(len(s)), "output_tokens": int(s["tokens_out"].sum())}
+                               "served": int(len(s)), "output_tokens": out_tokens, "cost_usd": round(usd, 4),
+                               "cost_by_market": {m: round(v, 4) for m, v in sorted(markets.items())},
+                               "usd_per_mtok": round(usd / out_tokens * 1e6, 4) if out_tokens else None}
         if job.job_class is JobClass.ONLINE:
             t_ok = ttft <= (job.slo.p99_ttft_ms or np.inf)
             p_ok = tpot <= (job.slo.p99_tpot_ms or np.inf)
@@ -126,6 +133,7 @@ def world_figures(world: Any) -> dict[str, Any]:
         "output_tokens": int(tokens),
         "goodput_tokens_per_s": round(good_tokens / now, 2) if now > 0 else 0.0,
         "cost_usd": round(total_cost, 4),
+        "idle_reserved_usd": round(float(cost.get("idle_reserved", 0.0)), 4),
         "usd_per_token": (total_cost / tokens) if tokens else None,
         "usd_per_mtok": round(total_cost / tokens * 1e6, 4) if tokens else None,
         "ttft_attainment": round(ttft_ok / online_n, 4) if online_n else None,
@@ -187,8 +195,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         rows.append(["Temporal UI", summary["ui"]])
     lines += _table(["", ""], rows)
     if summary.get("per_job"):
-        cols = ["job_id", "class", "served", "ended", "output_tokens", "p99_ttft_ms", "p99_tpot_ms",
-                "ttft_attainment", "tpot_attainment", "deadline_met"]
+        cols = ["job_id", "class", "served", "ended", "output_tokens", "cost_usd", "usd_per_mtok", "p99_ttft_ms",
+                "p99_tpot_ms", "ttft_attainment", "tpot_attainment", "deadline_met"]
         body = [[r.get(c) if "attainment" not in c else _pct(r.get(c)) for c in cols] for r in summary["per_job"]]
         lines += ["", "## Jobs", "", *_table(cols, body)]
     if summary.get("per_tick"):
