@@ -102,8 +102,10 @@ def test_each_job_is_scored_by_the_evaluators_formulas_over_its_own_requests(sc)
 
 def test_a_batch_job_that_misses_its_deadline_earns_no_slo_tokens(sc):
     run, records = hand_run(sc, "koi", 0, late_batch=True)
-    b = {r.job_id: r for r in run_job_rows(run, records)}["batch"]
+    rows = run_job_rows(run, records)
+    b = {r.job_id: r for r in rows}["batch"]
     assert b.progress_pct == 100.0 and b.deadline_met_pct == 0.0 and b.slo_tokens == 0.0
+    assert next(r for r in display_rows(rows) if r["job"] == "batch")["$/M SLO tok"] == "∞"  # $30 for nothing
 
 
 def test_the_mean_over_seeds_and_the_table_order(sc):
@@ -123,6 +125,8 @@ def test_the_mean_over_seeds_and_the_table_order(sc):
     assert [(r["job"], r["policy"]) for r in table[:4]] == [("batch", "koi"), ("batch", "milp"), ("chat", "koi"),
                                                             ("chat", "milp")]
     assert table[0]["$"] == "30" and table[1]["$ res / od / spot"] == "0 / 80 / 0"
+    # $ per million SLO tokens of the means: Koi's batch earned 20 tokens on one seed of two, at $30 each
+    assert table[0]["$/M SLO tok"] == f"{30 / 10 * 1e6:,.2f}" and table[2]["$/M SLO tok"] == f"{48 / 88 * 1e6:,.2f}"
     assert table[2]["$ res / od / spot"] == "40 / 0 / 8"
     idle = [r for r in table if r["job"] == IDLE_RESERVED]
     assert [(r["policy"], r["$"]) for r in idle] == [("koi", "22"), ("milp", "0")]  # 100 − 120 clamps at 0
@@ -130,6 +134,7 @@ def test_the_mean_over_seeds_and_the_table_order(sc):
     assert [t["policy"] for t in totals] == ["koi", "milp"]
     assert totals[0]["GPU-h"] == f"{(2.0 + 4 * 2 * TICK / 3600):,.1f}" and totals[0]["swaps"] == "1.0"
     assert totals[0]["$"] == "100" and totals[0]["$ res / od / spot"] == "62 / 30 / 8"  # the fleet's bill
+    assert totals[0]["$/M SLO tok"] == f"{100 / (88 + 55 + 10) * 1e6:,.2f}"
     md = markdown(means, "per job")
     assert md.startswith("# per job") and md.count("\n| chat | ") == 2 and f"| {ALL_JOBS} | milp |" in md
 

@@ -21,6 +21,9 @@ to one job's records with that job alone in the job list, so the denominators ar
   pays for reserved capacity no job held; that is a row of its own, ``(idle reserved)`` = the run's
   fleet cost − Σ jobs' $, so the all-jobs row adds up to the fleet cost in the policy table. Runs
   cached before per-job dollars were recorded have none: their $ is blank, never zero;
+- $/M SLO tok = the job's mean $ / its mean SLO tokens (the ratio of sums over the seeds, so a seed
+  whose job earned no SLO token does not make it infinite; the policy table averages each seed's
+  ratio instead, so its figure can differ slightly); ∞ when dollars bought no SLO token;
 - swaps = ticks whose committed plan swapped the job's ladder.
 
 Over seeds each figure is the mean (deadline met: the share of seeds, %); $ is blank for a job when
@@ -166,8 +169,8 @@ def job_breakdown(runs: Sequence[RunResult], records_of: Callable[[RunResult], n
 
 
 #: The columns of :func:`display_rows` (the terminal table and the Markdown file).
-JOB_COLUMNS = ["job", "policy", "$", "$ res / od / spot", "GPU-h", "swaps", "TTFT %", "TPOT %", "p99 windows %",
-               "progress %", "deadline met %", "SLO Mtok"]
+JOB_COLUMNS = ["job", "policy", "$", "$ res / od / spot", "$/M SLO tok", "GPU-h", "swaps", "TTFT %", "TPOT %",
+               "p99 windows %", "progress %", "deadline met %", "SLO Mtok"]
 ALL_JOBS = "(all jobs)"
 
 
@@ -179,9 +182,18 @@ def _markets(by: dict[str, float] | None) -> str:
     return "" if by is None else " / ".join(f"{by.get(m, 0.0):,.0f}" for m in MARKETS)
 
 
+def _per_mtok(usd: float | None, tokens: float) -> str:
+    """$ per million SLO tokens of the means (over the same seeds: the ratio of the sums); ∞ for dollars
+    that bought no SLO token."""
+    if usd is None:
+        return ""
+    return f"{usd / tokens * 1e6:,.2f}" if tokens > 0 else ("∞" if usd > 0 else "")
+
+
 def _row(job_id: str, r: JobRow) -> dict[str, str]:
     idle = r.job_id == IDLE_RESERVED  # dollars only: it holds no GPU, serves no token
     return {"job": job_id, "policy": r.policy, "$": _fmt(r.usd, 0), "$ res / od / spot": _markets(r.usd_by_market),
+            "$/M SLO tok": "" if idle else _per_mtok(r.usd, r.slo_tokens),
             "GPU-h": "" if idle else _fmt(r.gpu_hours), "swaps": "" if idle else _fmt(r.swaps),
             "TTFT %": _fmt(r.ttft_pct, 2), "TPOT %": _fmt(r.tpot_pct, 2), "p99 windows %": _fmt(r.p99_windows_pct),
             "progress %": _fmt(r.progress_pct), "deadline met %": _fmt(r.deadline_met_pct, 0),
@@ -216,7 +228,9 @@ def display_rows(rows: Sequence[JobRow]) -> list[dict[str, str]]:
         markets = None if any(r.usd_by_market is None for r in mine) else {
             m: sum((r.usd_by_market or {}).get(m, 0.0) for r in mine) for m in MARKETS}
         out.append({"job": ALL_JOBS, "policy": p, "$": _fmt(_sum(r.usd for r in mine), 0),
-                    "$ res / od / spot": _markets(markets), "GPU-h": _fmt(sum(r.gpu_hours for r in mine)),
+                    "$ res / od / spot": _markets(markets),
+                    "$/M SLO tok": _per_mtok(_sum(r.usd for r in mine), sum(r.slo_tokens for r in mine)),
+                    "GPU-h": _fmt(sum(r.gpu_hours for r in mine)),
                     "swaps": _fmt(sum(r.swaps for r in mine)), "TTFT %": "", "TPOT %": "", "p99 windows %": "",
                     "progress %": "", "deadline met %": "",
                     "SLO Mtok": _fmt(sum(r.slo_tokens for r in mine) / 1e6, 2)})
