@@ -18,8 +18,10 @@ failure keeps what it can: the actions of the jobs the reply wrote without a pro
 a job with one is dropped (a job written twice loses both: which was meant cannot be told;
 :func:`koi.agent.parse.salvage_plan`; the stage output says ``salvaged``), and only a reply with no such
 action, or one unreadable as a whole, gives keep/defer for everyone. (Under the plan's schema SmolLM2
-lost about one tick in 36 to two actions for one job in both turns.) Jobs the plan omits keep (running)
-or defer (pending). A reply
+loses about one tick in 36 to a degenerate reply: one job's action written over and over, the first
+copy different from the rest, until the token cap, in both turns — nothing is left to keep, and the
+tick falls back; replayed on hetero-3h seed 1, tick 2.) Jobs the plan omits keep (running) or defer
+(pending). A reply
 cut at the token cap (``finish_reason == "length"``) keeps the actions it wrote in full
 (:func:`koi.agent.parse.salvage_cut_plan`: the cut one and those after it are omitted jobs, no
 repair turn; the stage output says ``cut``); one cut before any action was complete gets the repair
