@@ -13,6 +13,7 @@ allocated or not (reported separately as idle reserved cost).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,27 +131,29 @@ class Fleet:
         return ResourceMap(pools=pools)
 
     # ---- cost -----------------------------------------------------------------------------------------
+    def _accrued(self, t: float) -> Iterator[tuple[InstanceRT, PoolRT, float]]:
+        """Every instance that was allocated before t, its pool, and its $ over [0, t]."""
+        for inst in self.instances:
+            end = min(inst.release_t, t)
+            if end > inst.alloc_t:
+                pool = self.pools[inst.pool]
+                yield inst, pool, pool.price * (end - inst.alloc_t) / 3600.0
+
     def instance_cost(self, t: float, ranks: set[int] | None = None) -> float:
         """$ of allocated instances over [0, t] (optionally only those of ``ranks``)."""
         total = 0.0
-        for inst in self.instances:
-            if ranks is not None and inst.rank not in ranks:
-                continue
-            end = min(inst.release_t, t)
-            if end > inst.alloc_t:
-                total += self.pools[inst.pool].price * (end - inst.alloc_t) / 3600.0
+        for inst, _pool, usd in self._accrued(t):
+            if ranks is None or inst.rank in ranks:
+                total += usd
         return total
 
     def instance_cost_by_rank(self, t: float) -> dict[tuple[int, str], float]:
         """$ of allocated instances over [0, t] by (rank index, market): showback of the allocated
         part of the bill (idle reserved capacity belongs to no rank). Sums to :meth:`instance_cost`."""
         out: dict[tuple[int, str], float] = {}
-        for inst in self.instances:
-            end = min(inst.release_t, t)
-            if end > inst.alloc_t:
-                pool = self.pools[inst.pool]
-                key = (inst.rank, pool.env.market.value)
-                out[key] = out.get(key, 0.0) + pool.price * (end - inst.alloc_t) / 3600.0
+        for inst, pool, usd in self._accrued(t):
+            key = (inst.rank, pool.env.market.value)
+            out[key] = out.get(key, 0.0) + usd
         return out
 
     def reserved_commitment(self, t: float) -> tuple[float, float]:
@@ -165,12 +168,9 @@ class Fleet:
                 if hi > lo:
                     commit += cap * p.price * (hi - lo) / 3600.0
         used = 0.0
-        for inst in self.instances:
-            p = self.pools[inst.pool]
-            if p.env.market is Market.RESERVED:
-                end = min(inst.release_t, t)
-                if end > inst.alloc_t:
-                    used += p.price * (end - inst.alloc_t) / 3600.0
+        for _inst, pool, usd in self._accrued(t):
+            if pool.env.market is Market.RESERVED:
+                used += usd
         return commit, used
 
     def fleet_cost(self, t: float) -> dict[str, float]:
