@@ -264,6 +264,7 @@ def test_the_language_model_table_says_whose_plans_a_models_row_is(tmp_path):
     for seed, (mine, calls) in enumerate([(3, 4), (2, 5)]):
         r = fake(sc, "llm-only", "LLM only (no tools)", Family.LLM, 30.0, seed)
         r.meta.llm = LlmUse(model="smollm2", ticks=3, model_plans=mine, fallback_plans=3 - mine,
+                            salvaged_plans=seed,
                             usage=Usage(calls=calls, failed_calls=seed, prompt_tokens=1000 * calls,
                                         completion_tokens=100 * calls, cost_usd=0.01 * calls, latency_s=2.0 * calls))
         runs.append(r)
@@ -274,10 +275,11 @@ def test_the_language_model_table_says_whose_plans_a_models_row_is(tmp_path):
     assert len(lines) == 3 and "FCFS" not in table  # header, rule, the one model row
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     # model, runs, model's plans over both seeds, calls (failed), per-run tokens and dollars, s per call
-    assert cells[1:] == ["smollm2", "2", "5/6 (83%)", "9 (1)", "4,500", "450", "0.0450", "2.0"]
+    assert cells[1:] == ["smollm2", "2", "5/6 (83%), 1 salvaged", "9 (1)", "4,500", "450", "0.0450", "2.0"]
     assert "## Language models" in build_markdown(sc.name, "d" * 64, HOURS, rows, runs)
     doc = summary(rows)
     assert doc["llm-only"]["llm"]["model_plans"] == 5 and doc["llm-only"]["llm"]["runs"] == 2
+    assert doc["llm-only"]["llm"]["salvaged_plans"] == 1
     assert "llm" not in doc["fcfs"]
     assert llm_table(policy_rows(runs[2:])) == ""
 
