@@ -227,9 +227,9 @@ def display_rows(rows: Sequence[JobRow]) -> list[dict[str, str]]:
         mine = [r for r in rows if r.policy == p]
         markets = None if any(r.usd_by_market is None for r in mine) else {
             m: sum((r.usd_by_market or {}).get(m, 0.0) for r in mine) for m in MARKETS}
-        out.append({"job": ALL_JOBS, "policy": p, "$": _fmt(_sum(r.usd for r in mine), 0),
-                    "$ res / od / spot": _markets(markets),
-                    "$/M SLO tok": _per_mtok(_sum(r.usd for r in mine), sum(r.slo_tokens for r in mine)),
+        usd = _sum(r.usd for r in mine)
+        out.append({"job": ALL_JOBS, "policy": p, "$": _fmt(usd, 0), "$ res / od / spot": _markets(markets),
+                    "$/M SLO tok": _per_mtok(usd, sum(r.slo_tokens for r in mine)),
                     "GPU-h": _fmt(sum(r.gpu_hours for r in mine)),
                     "swaps": _fmt(sum(r.swaps for r in mine)), "TTFT %": "", "TPOT %": "", "p99 windows %": "",
                     "progress %": "", "deadline met %": "",
