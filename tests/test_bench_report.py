@@ -314,3 +314,88 @@ def test_of_several_llm_setups_for_one_seed_the_report_reads_the_current_one_els
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()
+
+
+def test_koi_against_each_policy_paired_by_seed(suite):
+    """Each seed's Koi − policy difference, its mean, standard error and wins; in the Markdown, the JSON and
+    on the terminal. In the hand-made suite every policy's composite is its seed-0 value + seed, so the
+    differences are the same on both seeds (s.e. 0) and the cost saving is 1 − c_P / c_Koi per seed."""
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+
+    path, cache, rep = suite
+    by = {p.policy: p for p in rep.paired}
+    assert [p.policy for p in rep.paired] == ["fcfs", "bandit", "evo", "koi-frozen", "koi-nodag", "oracle"]
+    evo = by["evo"].deltas
+    assert by["evo"].seeds == [0, 1]
+    assert evo["composite"].mean == pytest.approx(18.0) and evo["composite"].se == pytest.approx(0.0)
+    assert (evo["composite"].wins, evo["composite"].ties, evo["composite"].losses) == (2, 0, 0)
+    assert evo["p99_windows_pct"].mean == pytest.approx(6.0)  # c / 3
+    assert evo["goodput_tok_s"].mean == pytest.approx(100 * np.mean([18 / 52, 18 / 53]))
+    assert evo["cost_per_slo_token"].mean == pytest.approx(100 * np.mean([1 - 52 / 70, 1 - 53 / 71]))
+    oracle = by["oracle"].deltas["composite"]
+    assert oracle.mean == pytest.approx(-20.0) and (oracle.wins, oracle.losses) == (0, 2)
+    md = rep.markdown
+    section = md.split("## Koi against each policy, paired by seed", 1)[1].split("##", 1)[0]
+    assert "| Rolling EvoX | 0 1 | +18.00 ± 0.00 (2/2 won) |" in section
+    assert "-20.00 ± 0.00 (0/2 won)" in section
+    res = CliRunner().invoke(app, ["bench", "report", "--scenario", str(path), "--cache-dir", str(cache), "--hours",
+                                   str(HOURS), "--json", "--no-figures"])
+    doc = json.loads(res.stdout)
+    evo_json = next(p for p in doc["paired"] if p["policy"] == "evo")
+    assert evo_json["deltas"]["composite"]["wins"] == 2 and evo_json["deltas"]["composite"]["n"] == 2
+    res = CliRunner().invoke(app, ["bench", "report", "--scenario", str(path), "--cache-dir", str(cache), "--hours",
+                                   str(HOURS), "--no-figures"], env={"COLUMNS": "400"})
+    assert "paired by seed" in res.output and "+18.00 ± 0.00 (2/2 won)" in res.output
+
+
+def test_paired_differences_count_wins_ties_and_losses_and_skip_what_is_not_finite():
+    from koi.bench.paired import paired_delta
+
+    d = paired_delta("composite", "abs", [1.0, 2.0, 3.0], [2.0, 1.0, 3.0])
+    assert (d.n, d.wins, d.ties, d.losses) == (3, 1, 1, 1)
+    assert d.mean == pytest.approx(0.0) and d.se == pytest.approx(1 / math.sqrt(3))
+    # cost per SLO token: lower is better, a positive saving is Koi cheaper; an infinite cost (no SLO token)
+    # has no relative difference, so that seed is left out rather than counted as a win
+    c = paired_delta("cost_per_slo_token", "saving", [1.0, 2.0, math.inf], [2.0, 1.0, 4.0])
+    assert c.n == 2 and c.mean == pytest.approx(np.mean([50.0, -100.0])) and (c.wins, c.losses) == (1, 1)
+    one = paired_delta("composite", "abs", [5.0], [4.0])
+    assert one.se is None and one.wins == 1
+    assert paired_delta("composite", "abs", [math.nan], [1.0]) is None
+
+
+def test_pairs_only_the_seeds_both_policies_ran(tmp_path):
+    from koi.bench.paired import paired_rows
+
+    path = write_tiny(tmp_path)
+    sc, _ = load(path)
+    runs = [fake(sc, "koi", "Koi", Family.KOI, 70.0, s) for s in (0, 1, 2, 3)]
+    runs += [fake(sc, "milp", "Rolling MILP", Family.GLOBAL, 60.0, s) for s in (1, 2)]
+    runs += [fake(sc, "bandit", "Contextual bandit", Family.GLOBAL, 50.0, s) for s in (5,)]
+    (milp,) = paired_rows(runs)  # the bandit shares no seed with Koi
+    assert milp.seeds == [1, 2] and milp.deltas["composite"].n == 2
+    assert paired_rows([r for r in runs if r.key.policy != "koi"]) == []
+
+
+def test_the_papers_claims_on_the_runs(suite):
+    """Each claim of issue 8 with Koi's value, the target and whether it is met; the oracle and Koi's variants
+    are not the strongest baseline; a claim whose policy did not run is left out, never reported as met."""
+    from koi.bench.paired import claims
+
+    _path, _cache, rep = suite
+    got = {(c.claim, c.against): c for c in rep.claims}
+    ahead = got[("overall score ahead of every baseline (Koi − best)", "Rolling EvoX")]
+    assert ahead.value == pytest.approx(18.0) and ahead.met
+    goodput = got[("goodput over the strongest baseline's", "Rolling EvoX")]
+    assert goodput.value == pytest.approx(70.5 / 52.5) and goodput.target == 1.45 and not goodput.met
+    cost = got[("cost per SLO token over the strongest baseline's", "Rolling EvoX")]
+    assert cost.value == pytest.approx(np.mean([1 / 70, 1 / 71]) / np.mean([1 / 52, 1 / 53])) and not cost.met
+    oracle = got[("goodput over the oracle's", "Oracle (true performance)")]
+    assert oracle.value == pytest.approx(70.5 / 90.5) and not oracle.met
+    for label in ("Koi without DAG/mechanisms", "Koi without online learning"):
+        assert got[("overall score above the ablation (Koi − ablation)", label)].met
+    assert "| goodput over the strongest baseline's | Rolling EvoX | 1.34× | ≥ 1.45× | no |" in rep.markdown
+    only_koi = [r for r in rep.rows if r.policy in ("koi", "oracle")]
+    assert [c.claim for c in claims(only_koi)] == ["goodput over the oracle's"]
+    assert claims([r for r in rep.rows if r.policy != "koi"]) == []

@@ -288,6 +288,7 @@ def _run_temporal(todo: list[Any], cache_dir: str | None, fresh: bool, verbose: 
 def _print_table(rep: Any) -> None:
     """The report's tables on the terminal; the headers are the report's own (:data:`koi.bench.report.MAIN_COLUMNS`),
     so a column added there shows here."""
+    from koi.bench.paired import CLAIM_COLS, PAIRED_COLS, claim_table_rows, paired_table_rows
     from koi.bench.report import LLM_COLS, MAIN_COLUMNS, ablation_rows, cell, llm_rows, main_rows
 
     main_cols = ["Method", *(header for _m, header, _s, _hi, _p in MAIN_COLUMNS)]
@@ -310,6 +311,11 @@ def _print_table(rep: Any) -> None:
     if llm:
         emit(llm, False, title="language models: whose plans the ticks proposed, and what the model was asked for",
              columns=LLM_COLS)
+    if rep.paired:
+        emit(paired_table_rows(rep.paired), False, columns=PAIRED_COLS,
+             title="Koi − each policy, paired by seed: mean ± s.e. (seeds Koi was better)")
+    if rep.claims:
+        emit(claim_table_rows(rep.claims), False, columns=CLAIM_COLS, title="the paper's claims on these runs")
     console.print(f"report: {rep.files['markdown']}")
 
 
