@@ -360,6 +360,9 @@ def test_paired_differences_count_wins_ties_and_losses_and_skip_what_is_not_fini
     # has no relative difference, so that seed is left out rather than counted as a win
     c = paired_delta("cost_per_slo_token", "saving", [1.0, 2.0, math.inf], [2.0, 1.0, 4.0])
     assert c.n == 2 and c.mean == pytest.approx(np.mean([50.0, -100.0])) and (c.wins, c.losses) == (1, 1)
+    # a difference that prints as ±0.00 is a tie, not a win
+    near = paired_delta("composite", "abs", [70.004, 70.0, 70.2], [70.0, 70.004, 70.0])
+    assert (near.wins, near.ties, near.losses) == (1, 2, 0)
     one = paired_delta("composite", "abs", [5.0], [4.0])
     assert one.se is None and one.wins == 1
     assert paired_delta("composite", "abs", [math.nan], [1.0]) is None
@@ -396,6 +399,13 @@ def test_the_papers_claims_on_the_runs(suite):
     for label in ("Koi without DAG/mechanisms", "Koi without online learning"):
         assert got[("overall score above the ablation (Koi − ablation)", label)].met
     assert "| goodput over the strongest baseline's | Rolling EvoX | 1.34× | ≥ 1.45× | no |" in rep.markdown
+    import dataclasses
+
+    koi = next(r for r in rep.rows if r.policy == "koi")
+    frozen = next(r for r in rep.rows if r.policy == "koi-frozen")
+    level = dataclasses.replace(frozen, stats={**frozen.stats, "composite": (koi.mean("composite") - 0.001, 0.0)})
+    (gap,) = [c for c in claims([koi, level]) if c.against == "Koi without online learning"]
+    assert gap.value == pytest.approx(0.001) and not gap.met  # a lead that prints as +0.00 is not one
     only_koi = [r for r in rep.rows if r.policy in ("koi", "oracle")]
     assert [c.claim for c in claims(only_koi)] == ["goodput over the oracle's"]
     assert claims([r for r in rep.rows if r.policy != "koi"]) == []

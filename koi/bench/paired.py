@@ -7,8 +7,10 @@ mean ± std columns mix that common spread with the policies' own: they cannot s
 p99 SLO in 2.5 ± 0.8 pp more windows than the MILP and does so on 7 of 8 seeds. The paired rows can.
 
 Per policy P ≠ Koi, over the seeds both ran (n): Δ_s = Koi_s − P_s, its mean and standard error
-(sample std / √n; none for n = 1), and the *wins*: seeds where Koi is better by more than 1e-9 (ties
-are counted apart, so wins + ties + losses = n). Metrics: the overall score (points), the p99 SLO
+(sample std / √n; none for n = 1), and the *wins*: seeds where Koi is better by more than 0.005 (ties
+are counted apart, so wins + ties + losses = n). Choice: the tables print two decimals, so a
+difference that prints as ±0.00 is a tie — with an exact threshold a row read "+0.00 (2/3 won)" for an
+ablation that differs from Koi in the fourth decimal; the claims use the same tolerance. Metrics: the overall score (points), the p99 SLO
 windows (pp), goodput (relative %, Koi over P) and cost per SLO token (relative %, the saving, so a
 positive figure is Koi cheaper — the sign convention of the report's "Δ vs. best baseline" row).
 A seed on which either side's value is not finite (a policy that earned no SLO token has an infinite
@@ -59,7 +61,7 @@ PAIRED_METRICS: tuple[tuple[str, str, str], ...] = (
     ("goodput_tok_s", "Δ goodput (%)", "rel"),
     ("cost_per_slo_token", "$/M SLO tokens saved (%)", "saving"),
 )
-_TIE = 1e-9
+_TIE = 0.005
 
 
 class PairedDelta(KoiModel):
@@ -208,10 +210,11 @@ def claim_table_rows(cs: Sequence[Claim]) -> list[dict[str, str]]:
                                   "yes" if c.met else "no"], strict=True)) for c in cs]
 
 
-def md_table(rows: Sequence[dict[str, str]], cols: Sequence[str]) -> str:
+def md_table(rows: Sequence[dict[str, str]], cols: Sequence[str], *, text_cols: int = 1) -> str:
+    """Rows as Markdown, the first ``text_cols`` columns left-aligned and the rest (figures) right-aligned."""
     if not rows:
         return ""
-    out = ["| " + " | ".join(cols) + " |", "|---|" + "---:|" * (len(cols) - 1)]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * text_cols + "---:|" * (len(cols) - text_cols)]
     out += ["| " + " | ".join(r[c] for c in cols) + " |" for r in rows]
     return "\n".join(out)
 

@@ -336,7 +336,7 @@ def build_markdown(scenario: str, digest: str, hours: float, rows: Sequence[Poli
                   "each seed's difference Koi − policy is free of what the seed does to all of them. Mean ± "
                   "standard error over the seeds both ran, and on how many Koi was better; goodput is relative, "
                   "and the cost column is the saving per SLO token (positive: Koi cheaper).", "", paired, ""]
-    cl = pr.md_table(pr.claim_table_rows(pr.claims(rows)), pr.CLAIM_COLS)
+    cl = pr.md_table(pr.claim_table_rows(pr.claims(rows)), pr.CLAIM_COLS, text_cols=2)
     if cl:
         parts += ["## The paper's claims on these runs", "",
                   "Means over seeds; the strongest baseline is the one with the best overall score (the oracle "
