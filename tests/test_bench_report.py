@@ -390,6 +390,7 @@ def test_the_papers_claims_on_the_runs(suite):
     got = {(c.claim, c.against): c for c in rep.claims}
     ahead = got[("overall score ahead of every baseline (Koi − best)", "Rolling EvoX")]
     assert ahead.value == pytest.approx(18.0) and ahead.met
+    assert ahead.paired.mean == pytest.approx(18.0) and ahead.paired.wins == 2  # read beside its paired s.e.
     goodput = got[("goodput over the strongest baseline's", "Rolling EvoX")]
     assert goodput.value == pytest.approx(70.5 / 52.5) and goodput.target == 1.45 and not goodput.met
     cost = got[("cost per SLO token over the strongest baseline's", "Rolling EvoX")]
@@ -398,7 +399,8 @@ def test_the_papers_claims_on_the_runs(suite):
     assert oracle.value == pytest.approx(70.5 / 90.5) and not oracle.met
     for label in ("Koi without DAG/mechanisms", "Koi without online learning"):
         assert got[("overall score above the ablation (Koi − ablation)", label)].met
-    assert "| goodput over the strongest baseline's | Rolling EvoX | 1.34× | ≥ 1.45× | no |" in rep.markdown
+    assert "| goodput over the strongest baseline's | Rolling EvoX | 1.34× | ≥ 1.45× | no |  |" in rep.markdown
+    assert "| Rolling EvoX | +18.00 | > +0.00 | yes | +18.00 ± 0.00 (2/2 won) |" in rep.markdown
     import dataclasses
 
     koi = next(r for r in rep.rows if r.policy == "koi")

@@ -94,6 +94,7 @@ class Claim(KoiModel):
     target: float
     unit: str
     met: bool
+    paired: PairedDelta | None = Field(default=None, description="for a score claim: Koi − that policy by seed")
 
 
 def _delta(kind: str, a: float, b: float) -> float:
@@ -149,9 +150,14 @@ def baselines(rows: Sequence[PolicyRow], subject: str = KOI) -> list[PolicyRow]:
             and not (r.family == Family.ABLATION.value or r.policy.startswith(f"{subject}-"))]
 
 
-def claims(rows: Sequence[PolicyRow], subject: str = KOI) -> list[Claim]:
-    """The paper's claims on these rows' means (module docstring); those whose policies did not run are left out."""
+def claims(rows: Sequence[PolicyRow], subject: str = KOI, paired: Sequence[PairedRow] = ()) -> list[Claim]:
+    """The paper's claims on these rows' means (module docstring); those whose policies did not run are left out.
+
+    A score claim carries the paired composite difference from ``paired`` when given, so a lead of a
+    few hundredths can be read against its standard error (met or not is decided on the means, as the
+    issue states the claims)."""
     by = {r.policy: r for r in rows}
+    by_paired = {p.policy: p.deltas.get("composite") for p in paired}
     me = by.get(subject)
     if me is None:
         return []
@@ -161,7 +167,7 @@ def claims(rows: Sequence[PolicyRow], subject: str = KOI) -> list[Claim]:
         best = max(base, key=lambda r: r.mean("composite"))
         gap = me.mean("composite") - best.mean("composite")
         out.append(Claim(claim="overall score ahead of every baseline (Koi − best)", against=best.label, value=gap,
-                         op=">", target=0.0, unit="points", met=gap > _TIE))
+                         op=">", target=0.0, unit="points", met=gap > _TIE, paired=by_paired.get(best.policy)))
         g, gb = me.mean("goodput_tok_s"), best.mean("goodput_tok_s")
         if gb > 0 and math.isfinite(g):
             out.append(Claim(claim="goodput over the strongest baseline's", against=best.label, value=g / gb,
@@ -179,13 +185,14 @@ def claims(rows: Sequence[PolicyRow], subject: str = KOI) -> list[Claim]:
         if name in by:
             gap = me.mean("composite") - by[name].mean("composite")
             out.append(Claim(claim="overall score above the ablation (Koi − ablation)", against=by[name].label,
-                             value=gap, op=">", target=0.0, unit="points", met=gap > _TIE))
+                             value=gap, op=">", target=0.0, unit="points", met=gap > _TIE,
+                             paired=by_paired.get(name)))
     return out
 
 
 # ---- formatting ---------------------------------------------------------------------------------------------
 PAIRED_COLS = ["Policy", "seeds", *(h for _m, h, _k in PAIRED_METRICS)]
-CLAIM_COLS = ["Claim", "against", "Koi", "target", "met"]
+CLAIM_COLS = ["Claim", "against", "Koi", "target", "met", "paired by seed"]
 
 
 def _fmt(pd: PairedDelta | None) -> str:
@@ -207,7 +214,8 @@ def claim_table_rows(cs: Sequence[Claim]) -> list[dict[str, str]]:
         return f"{x:.2f}×" if unit == "×" else f"{x:+.2f}"
 
     return [dict(zip(CLAIM_COLS, [c.claim, c.against, num(c.value, c.unit), f"{c.op} {num(c.target, c.unit)}",
-                                  "yes" if c.met else "no"], strict=True)) for c in cs]
+                                  "yes" if c.met else "no", _fmt(c.paired) if c.paired else ""], strict=True))
+            for c in cs]
 
 
 def md_table(rows: Sequence[dict[str, str]], cols: Sequence[str], *, text_cols: int = 1) -> str:

@@ -336,7 +336,8 @@ def build_markdown(scenario: str, digest: str, hours: float, rows: Sequence[Poli
                   "each seed's difference Koi − policy is free of what the seed does to all of them. Mean ± "
                   "standard error over the seeds both ran, and on how many Koi was better; goodput is relative, "
                   "and the cost column is the saving per SLO token (positive: Koi cheaper).", "", paired, ""]
-    cl = pr.md_table(pr.claim_table_rows(pr.claims(rows)), pr.CLAIM_COLS, text_cols=2)
+    cl = pr.md_table(pr.claim_table_rows(pr.claims(rows, paired=paired_in_table_order(rows, runs))), pr.CLAIM_COLS,
+                     text_cols=2)
     if cl:
         parts += ["## The paper's claims on these runs", "",
                   "Means over seeds; the strongest baseline is the one with the best overall score (the oracle "
@@ -373,6 +374,7 @@ def write_report(scenario: str, digest: str, hours: float, runs: Sequence[RunRes
     if not runs:
         raise ValueError(f"no cached runs of {scenario!r} to report on")
     rows = policy_rows(runs)
+    paired = paired_in_table_order(rows, runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     md = build_markdown(scenario, digest, hours, rows, runs, figures)
     main_csv, abl_csv = csv_table(main_rows(rows)), csv_table(ablation_rows(rows))
@@ -383,7 +385,7 @@ def write_report(scenario: str, digest: str, hours: float, runs: Sequence[RunRes
     files["ablation_csv"].write_text(abl_csv, encoding="utf-8")
     rep = Report(scenario=scenario, digest=digest, hours=hours, rows=rows, markdown=md, main_csv=main_csv,
                  ablation_csv=abl_csv, files={**files, **(figures or {})},
-                 paired=paired_in_table_order(rows, runs), claims=pr.claims(rows))
+                 paired=paired, claims=pr.claims(rows, paired=paired))
     files["summary"].write_text(json.dumps(rep.json(), indent=1), encoding="utf-8")
     return rep
 
