@@ -311,7 +311,7 @@ def paired_in_table_order(rows: Sequence[PolicyRow], runs: Sequence[RunResult]) 
 
 
 def build_markdown(scenario: str, digest: str, hours: float, rows: Sequence[PolicyRow], runs: Sequence[RunResult],
-                   figures: dict[str, Path] | None = None) -> str:
+                   figures: dict[str, Path] | None = None, paired: Sequence[PairedRow] | None = None) -> str:
     abl = ablation_rows(rows)
     main = main_rows(rows)
     ticks = sorted({r.meta.n_ticks for r in runs})
@@ -329,15 +329,16 @@ def build_markdown(scenario: str, digest: str, hours: float, rows: Sequence[Poli
     if abl:
         parts += [markdown_table(abl, title="Ablations: Koi and its variants", by_family=False,
                                  delta=delta_vs_best(abl, ablations=True)), ""]
-    paired = pr.md_table(pr.paired_table_rows(paired_in_table_order(rows, runs)), pr.PAIRED_COLS)
-    if paired:
+    if paired is None:
+        paired = paired_in_table_order(rows, runs)
+    paired_md = pr.md_table(pr.paired_table_rows(paired), pr.PAIRED_COLS)
+    if paired_md:
         parts += ["## Koi against each policy, paired by seed", "",
                   "Every policy ran the same seeds — the same arrivals, reclaims, failures and engine update — so "
                   "each seed's difference Koi − policy is free of what the seed does to all of them. Mean ± "
                   "standard error over the seeds both ran, and on how many Koi was better; goodput is relative, "
-                  "and the cost column is the saving per SLO token (positive: Koi cheaper).", "", paired, ""]
-    cl = pr.md_table(pr.claim_table_rows(pr.claims(rows, paired=paired_in_table_order(rows, runs))), pr.CLAIM_COLS,
-                     text_cols=2)
+                  "and the cost column is the saving per SLO token (positive: Koi cheaper).", "", paired_md, ""]
+    cl = pr.md_table(pr.claim_table_rows(pr.claims(rows, paired=paired)), pr.CLAIM_COLS, text_cols=2)
     if cl:
         parts += ["## The paper's claims on these runs", "",
                   "Means over seeds; the strongest baseline is the one with the best overall score (the oracle "
@@ -376,7 +377,7 @@ def write_report(scenario: str, digest: str, hours: float, runs: Sequence[RunRes
     rows = policy_rows(runs)
     paired = paired_in_table_order(rows, runs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    md = build_markdown(scenario, digest, hours, rows, runs, figures)
+    md = build_markdown(scenario, digest, hours, rows, runs, figures, paired)
     main_csv, abl_csv = csv_table(main_rows(rows)), csv_table(ablation_rows(rows))
     files = {"markdown": out_dir / "report.md", "main_csv": out_dir / "table_main.csv",
              "ablation_csv": out_dir / "table_ablation.csv", "summary": out_dir / "summary.json"}
