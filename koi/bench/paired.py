@@ -10,9 +10,11 @@ Per policy P ≠ Koi, over the seeds both ran (n): Δ_s = Koi_s − P_s, its mea
 (sample std / √n; none for n = 1), and the *wins*: seeds where Koi is better by more than 0.005 (ties
 are counted apart, so wins + ties + losses = n). Choice: the tables print two decimals, so a
 difference that prints as ±0.00 is a tie — with an exact threshold a row read "+0.00 (2/3 won)" for an
-ablation that differs from Koi in the fourth decimal; the claims use the same tolerance. Metrics: the overall score (points), the p99 SLO
-windows (pp), goodput (relative %, Koi over P) and cost per SLO token (relative %, the saving, so a
-positive figure is Koi cheaper — the sign convention of the report's "Δ vs. best baseline" row).
+ablation that differs from Koi in the fourth decimal; the claims use the same tolerance.
+
+Metrics: the overall score (points), the p99 SLO windows (pp), goodput (relative %, Koi over P) and
+cost per SLO token (relative %, the saving, so a positive figure is Koi cheaper — the sign convention
+of the report's "Δ vs. best baseline" row).
 A seed on which either side's value is not finite (a policy that earned no SLO token has an infinite
 cost per token) is left out of that metric's pairs.
 
@@ -51,6 +53,7 @@ KOI = "koi"
 PAPER_GOODPUT_RATIO = 1.45
 PAPER_COST_RATIO = 0.69
 ORACLE_SHARE = 0.85
+#: Koi's ablations proper (the claims: each below Koi); the report's ablation table adds its scripted-LLM planner.
 ABLATIONS = ("koi-nodag", "koi-frozen")
 
 #: (metric, header, kind): "abs" differences in the metric's unit, "rel" relative % (higher better),

@@ -51,9 +51,9 @@ MAIN_COLUMNS: tuple[tuple[str, str, float, bool, bool], ...] = (
     ("composite", "Overall score", 1.0, True, False),
 )
 #: Koi and its ablations, in the ablation table's order; LLM planners join when they ran.
-ABLATION = ("koi", "koi-nodag", "koi-frozen", "koi-scripted")
+ABLATION = (pr.KOI, *pr.ABLATIONS, "koi-scripted")
 LLM_ABLATION = ("llm-only", "koi-llm")
-KOI = "koi"
+KOI = pr.KOI
 ORACLE_MARK = " (upper bound)"
 
 
