@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
+import koi  # noqa: F401  (first: pins numpy's SIMD kernels before any test imports numpy; koi/numerics.py)
+
 PG_ADMIN_DSN = os.environ.get("KOI_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 

@@ -411,3 +411,21 @@ def test_the_papers_claims_on_the_runs(suite):
     only_koi = [r for r in rep.rows if r.policy in ("koi", "oracle")]
     assert [c.claim for c in claims(only_koi)] == ["goodput over the oracle's"]
     assert claims([r for r in rep.rows if r.policy != "koi"]) == []
+
+
+def test_the_report_says_when_its_runs_were_made_with_different_numeric_kernels(tmp_path):
+    """numpy's and OpenBLAS's kernels round differently per CPU (koi/numerics.py): a table mixing them says so."""
+    path = write_tiny(tmp_path)
+    sc, _ = load(path)
+    cache = RunCache(tmp_path / "cache")
+    for seed in (0, 1):
+        run = fake(sc, "koi", "Koi", Family.KOI, 70.0, seed)
+        run.meta.kernels = "numpy X86_V3, OpenBLAS Haswell"
+        cache.save(run, np.zeros(0, RECORD_DTYPE))
+    one = rebuild(str(path), cache_dir=tmp_path / "cache", hours=HOURS, figures=False).markdown
+    assert "numeric kernels" not in one
+    run = fake(sc, "koi", "Koi", Family.KOI, 70.0, 2)
+    run.meta.kernels = "numpy AVX512_ICL, OpenBLAS auto"
+    cache.save(run, np.zeros(0, RECORD_DTYPE))
+    two = rebuild(str(path), cache_dir=tmp_path / "cache", hours=HOURS, figures=False).markdown
+    assert "made with 2 different numeric kernels (numpy AVX512_ICL, OpenBLAS auto; numpy X86_V3, OpenBLAS Haswell;" in two

@@ -664,3 +664,28 @@ def test_llm_only_keeps_the_whole_actions_of_a_reply_cut_at_its_token_cap(tiny, 
     assert row["llm"]["cut_plans"] == (2 if cut_after == "one action" else 0)
     table = (tmp_path / "bench-tiny" / "report" / "report.md").read_text()
     assert ("2/2 (100%), 2 cut" in table) is (cut_after == "one action")
+
+
+def test_a_run_records_its_numeric_kernels_and_bench_run_warns_of_cached_runs_made_with_others(
+        det_run, cache_dir, tmp_path, monkeypatch):
+    """Runs made with other numeric kernels may differ in the last digits and, through the simulation,
+    beyond (koi.numerics): each run records its kernels, and `bench run` says when cached runs were made
+    with others."""
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+    from koi.numerics import kernels, simd_level
+
+    assert det_run.meta.kernels == kernels() and simd_level() in det_run.meta.kernels
+    monkeypatch.setenv("KOI_BENCH_POLICY_MODULES", "test_bench_runner")
+    args = ["bench", "run", "--scenario", str(det_run.meta.scenario_path), "--policies", DET.name, "--seeds", "1",
+            "--first-seed", "1", "--hours", str(HOURS), "--cache-dir"]
+    _stale_copy(det_run, cache_dir, tmp_path / "same", lambda d: None)
+    res = CliRunner().invoke(app, [*args, str(tmp_path / "same")])
+    assert res.exit_code == 0, res.output
+    assert "numeric kernels" not in res.output
+    _stale_copy(det_run, cache_dir, tmp_path / "other", lambda d: d["meta"].update(kernels="numpy AVX512_SPR, OpenBLAS SapphireRapids"))
+    res = CliRunner().invoke(app, [*args, str(tmp_path / "other")])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())  # rich wraps the line to the terminal's width
+    assert f"1 cached run(s) were made with other numeric kernels (numpy AVX512_SPR, OpenBLAS SapphireRapids; here: {kernels()})" in said

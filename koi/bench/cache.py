@@ -104,6 +104,8 @@ class RunMeta(KoiModel):
     rescored_at: str = Field(default="", description="when the metrics were last re-scored under a newer evaluator")
     koi_version: str = ""
     code_digest: str = Field(default="", description="digest of koi/'s sources and data when the run was made")
+    kernels: str = Field(default="", description="the numeric kernels the run was made with "
+                                                 "(koi.numerics.kernels; empty: not recorded)")
     finished_at: str = ""
 
 

@@ -348,6 +348,11 @@ def build_markdown(scenario: str, digest: str, hours: float, rows: Sequence[Poli
     if len(codes) > 1:
         parts += [f"**Note:** these runs were made by {len(codes)} different versions of the code "
                   f"({', '.join(c or '?' for c in codes)}); `koi bench run --fresh` recomputes them.", ""]
+    kern = sorted({r.meta.kernels or "?" for r in runs})
+    if len(kern) > 1:
+        parts += [f"**Note:** these runs were made with {len(kern)} different numeric kernels "
+                  f"({'; '.join(kern)}; `?`: not recorded); kernels that round differently give different last "
+                  "digits and, through the simulation, different runs (`koi/numerics.py`).", ""]
     llm = llm_table(rows)
     if llm:
         parts += ["## Language models", "", "The planners that ask a model, summed over their runs: how many "

@@ -80,6 +80,7 @@ from koi.bench.evaluator import (
 from koi.bench.policy import BenchContext, Family, PolicySpec, get_policy
 from koi.domain import ActionType, DeploymentState, Job
 from koi.logging import get_logger
+from koi.numerics import kernels
 
 log = get_logger(__name__)
 
@@ -365,7 +366,8 @@ def assemble(
         horizon_s=horizon, ticks_committed=committed, ticks_fallback=n_ticks - committed, fallbacks=fallbacks,
         wall_s=round(clock.wall_s, 3), cpu_s=round(clock.cpu_s, 3), load_before=clock.load_before,
         load_after=clock.load_after, stage_s={k: round(v, 3) for k, v in sorted(stage_s.items())},
-        sim_s=round(clock.sim_s, 3), llm=llm, koi_version=__version__, code_digest=code_digest(), eval_version=EVAL_VERSION,
+        sim_s=round(clock.sim_s, 3), llm=llm, koi_version=__version__, code_digest=code_digest(),
+        kernels=kernels(), eval_version=EVAL_VERSION,
         finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )  # fmt: skip
     info = [JobInfo(job_id=j.job_id, job_class=j.job_class.value, model=j.model, submitted_at=j.submitted_at)

@@ -358,6 +358,7 @@ def run(
     todo_all = [RunSpec(target, p.name, s, h) for p in specs for s in range(first_seed, first_seed + seeds)]
     cache = RunCache(str(cache_dir) if cache_dir else None, via=via)
     from koi.bench.cache import code_digest
+    from koi.numerics import kernels
 
     hits = {s: None if fresh else cache.load(run_key(sc, s.policy, s.seed, h)) for s in todo_all}
     todo = [s for s in todo_all if hits[s] is None]
@@ -365,6 +366,12 @@ def run(
     stale = [s for s in cached if hits[s].meta.code_digest != code_digest()]  # type: ignore[union-attr]
     if stale and not json_out:
         err_console.print(f"[yellow]{len(stale)} cached run(s) were made by other code; --fresh recomputes them[/]")
+    here = kernels()
+    other = [s for s in cached if hits[s].meta.kernels not in ("", here)]  # type: ignore[union-attr]
+    if other and not json_out:
+        theirs = "; ".join(sorted({hits[s].meta.kernels for s in other}))  # type: ignore[union-attr]
+        err_console.print(f"[yellow]{len(other)} cached run(s) were made with other numeric kernels ({theirs}; "
+                          f"here: {here}) and may differ from a run made here; --fresh recomputes them[/]")
     show = not json_out and sys.stderr.isatty() or os.environ.get("KOI_PROGRESS") == "1"
     if not json_out:
         err_console.print(f"{sc.name}: {len(specs)} policies × {seeds} seeds, {h:g} h; {len(cached)} cached, "
