@@ -427,5 +427,6 @@ def test_the_report_says_when_its_runs_were_made_with_different_numeric_kernels(
     run = fake(sc, "koi", "Koi", Family.KOI, 70.0, 2)
     run.meta.kernels = "numpy AVX512_ICL, OpenBLAS auto"
     cache.save(run, np.zeros(0, RECORD_DTYPE))
-    two = rebuild(str(path), cache_dir=tmp_path / "cache", hours=HOURS, figures=False).markdown
-    assert "made with 2 different numeric kernels (numpy AVX512_ICL, OpenBLAS auto; numpy X86_V3, OpenBLAS Haswell;" in two
+    rep = rebuild(str(path), cache_dir=tmp_path / "cache", hours=HOURS, figures=False)
+    assert "made with 2 different numeric kernels (numpy AVX512_ICL, OpenBLAS auto; numpy X86_V3, OpenBLAS Haswell;" in rep.markdown
+    assert rep.json()["policies"]["koi"]["kernels"] == ["numpy AVX512_ICL, OpenBLAS auto", "numpy X86_V3, OpenBLAS Haswell"]

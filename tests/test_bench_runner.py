@@ -684,6 +684,7 @@ def test_a_run_records_its_numeric_kernels_and_bench_run_warns_of_cached_runs_ma
     res = CliRunner().invoke(app, [*args, str(tmp_path / "same")])
     assert res.exit_code == 0, res.output
     assert "numeric kernels" not in res.output
+    assert kernels() in " ".join(res.output.split())  # the header names this process's kernels
     _stale_copy(det_run, cache_dir, tmp_path / "other", lambda d: d["meta"].update(kernels="numpy AVX512_SPR, OpenBLAS SapphireRapids"))
     res = CliRunner().invoke(app, [*args, str(tmp_path / "other")])
     assert res.exit_code == 0, res.output

@@ -27,7 +27,7 @@ import io
 import json
 import math
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ class PolicyRow:
     ticks: int
     llm: LlmUse | None = None
     llm_runs: int = 0
+    kernels: list[str] = field(default_factory=list)  # the runs' numeric kernels (koi.numerics; "?": not recorded)
 
     @property
     def is_oracle(self) -> bool:
@@ -96,6 +97,7 @@ def policy_rows(runs: Iterable[RunResult]) -> list[PolicyRow]:
             stats=aggregate([r.metrics for r in rs]), wall_s=sum(r.meta.wall_s for r in rs) / len(rs),
             fallback_ticks=sum(r.meta.ticks_fallback for r in rs), ticks=sum(r.meta.n_ticks for r in rs),
             llm=_merged_llm(rs), llm_runs=sum(1 for r in rs if r.meta.llm is not None),
+            kernels=sorted({r.meta.kernels or "?" for r in rs}),
         ))  # fmt: skip
     return sorted(rows, key=lambda p: (_family_order(p.family), p.policy))
 
@@ -279,6 +281,7 @@ def summary(rows: Sequence[PolicyRow]) -> dict[str, Any]:
             "mean": {k: clean(v[0]) for k, v in r.stats.items()},
             "std": {k: clean(v[1]) for k, v in r.stats.items()},
             "wall_s_mean": round(r.wall_s, 2), "fallback_ticks": r.fallback_ticks, "ticks": r.ticks,
+            "kernels": r.kernels,
             **({"llm": {**r.llm.model_dump(mode="json"), "runs": r.llm_runs}} if r.llm is not None else {}),
         }
         for r in rows

@@ -375,7 +375,8 @@ def run(
     show = not json_out and sys.stderr.isatty() or os.environ.get("KOI_PROGRESS") == "1"
     if not json_out:
         err_console.print(f"{sc.name}: {len(specs)} policies × {seeds} seeds, {h:g} h; {len(cached)} cached, "
-                          f"{len(todo)} to run ({'temporal' if via == 'temporal' else f'{min(jobs, max(len(todo), 1))} process(es)'})")
+                          f"{len(todo)} to run ({'temporal' if via == 'temporal' else f'{min(jobs, max(len(todo), 1))} process(es)'}); "
+                          f"{here}")
     t0 = time.perf_counter()
     cd = str(cache_dir) if cache_dir else None
     if via == "temporal":
