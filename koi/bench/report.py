@@ -351,7 +351,7 @@ def build_markdown(scenario: str, digest: str, hours: float, rows: Sequence[Poli
     if len(codes) > 1:
         parts += [f"**Note:** these runs were made by {len(codes)} different versions of the code "
                   f"({', '.join(c or '?' for c in codes)}); `koi bench run --fresh` recomputes them.", ""]
-    kern = sorted({r.meta.kernels or "?" for r in runs})
+    kern = sorted({k for r in rows for k in r.kernels})  # the rows carry each policy's runs' kernels
     if len(kern) > 1:
         parts += [f"**Note:** these runs were made with {len(kern)} different numeric kernels "
                   f"({'; '.join(kern)}; `?`: not recorded); kernels that round differently give different last "
