@@ -358,6 +358,25 @@ def test_evo_fitness_never_decreases_and_beats_its_seed(runs):
         assert tr.best_fitness == pytest.approx(tr.best_per_generation[-1])
 
 
+def test_evo_records_each_ticks_search_and_names_the_budget_when_it_cuts_it(runs, tmp_path_factory, scenario):
+    from koi.bench.policies._common import SEARCH_STAGE
+    from koi.bench.runner import clock_bound_at
+    from koi.store.repos.stages import load_stage_output
+
+    run = runs("evo")
+    with session_scope(run.engine) as s:
+        for t in range(3):
+            rec = load_stage_output(s, run.cluster_id, t, SEARCH_STAGE).payload
+            assert rec["generations"] == rec["of"] == 60 and rec["clock_bound"] == ""
+            assert clock_bound_at(s, run.cluster_id, t) == []
+    cut = run_policy(tmp_path_factory, scenario, "evo", options={"time_budget_s": 0.0})
+    with session_scope(cut.engine) as s:
+        got = [clock_bound_at(s, cut.cluster_id, t) for t in range(3)]
+    cut.engine.dispose()
+    assert [len(g) for g in got] == [1, 1, 1]
+    assert got[1][0] == {"tick": 1, "stage": SEARCH_STAGE, "cut": "EvoX's 0 s time budget after 0 of 60 generations"}
+
+
 def test_evo_fitness_is_the_selectors_objective_with_violations_penalised(runs):
     from koi.bench.policies._common import baseline_context, job_candidates
     from koi.bench.policies.evo import Fitness

@@ -430,3 +430,30 @@ def test_the_report_says_when_its_runs_were_made_with_different_numeric_kernels(
     rep = rebuild(str(path), cache_dir=tmp_path / "cache", hours=HOURS, figures=False)
     assert "made with 2 different numeric kernels (numpy AVX512_ICL, OpenBLAS auto; numpy X86_V3, OpenBLAS Haswell;" in rep.markdown
     assert rep.json()["policies"]["koi"]["kernels"] == ["numpy AVX512_ICL, OpenBLAS auto", "numpy X86_V3, OpenBLAS Haswell"]
+
+
+def test_the_report_counts_the_ticks_a_wall_clock_limit_cut(tmp_path):
+    """A plan cut by the MILP's time limit or EvoX's budget depends on the machine's speed: the report says which."""
+    path = write_tiny(tmp_path)
+    sc, _ = load(path)
+    cache = RunCache(tmp_path / "cache")
+    evo = fake(sc, "evo", "Rolling EvoX", Family.EVOLUTIONARY, 60.0, 0)
+    evo.meta.clock_bound = [{"tick": 3, "stage": "S4_search", "cut": "EvoX's 1.5 s time budget after 9 of 60 generations"},
+                            {"tick": 5, "stage": "S4_search", "cut": "EvoX's 1.5 s time budget after 2 of 60 generations"}]
+    milp = fake(sc, "milp", "Rolling MILP (no learning)", Family.GLOBAL, 65.0, 0)
+    milp.meta.clock_bound = []
+    old = fake(sc, "koi", "Koi", Family.KOI, 70.0, 0)  # a run from before the field: not recorded
+    for run in (evo, milp, old):
+        cache.save(run, np.zeros(0, RECORD_DTYPE))
+    rep = rebuild(str(path), cache_dir=tmp_path / "cache", hours=HOURS, figures=False)
+    assert ("**Note:** a wall-clock limit (the MILP's time limit, EvoX's time budget) cut the planning of "
+            "2 tick(s) of Rolling EvoX:") in rep.markdown
+    assert "| clock-bound ticks |" in rep.markdown
+    rows = {ln.split("|")[1].strip(): ln.split("|")[5].strip() for ln in rep.markdown.splitlines()
+            if ln.startswith("| ") and ln.count("|") == 7}
+    assert rows["Rolling EvoX"] == "2" and rows["Rolling MILP (no learning)"] == "0" and rows["Koi"] == "—"
+    js = rep.json()["policies"]
+    assert (js["evo"]["clock_bound_ticks"], js["milp"]["clock_bound_ticks"], js["koi"]["clock_bound_ticks"]) == (2, 0, None)
+    evo.meta.clock_bound = []
+    cache.save(evo, np.zeros(0, RECORD_DTYPE))
+    assert "**Note:** a wall-clock limit" not in rebuild(str(path), cache_dir=tmp_path / "cache", hours=HOURS, figures=False).markdown

@@ -125,6 +125,7 @@ def test_a_run_commits_every_tick_and_records_its_trace(det_run):
     r = det_run
     assert r.meta.n_ticks == 2 and r.meta.ticks_committed == 2 and r.meta.ticks_fallback == 0
     assert r.meta.horizon_s == 600.0 and r.meta.via == "in-process" and r.meta.runner_version == RUNNER_VERSION
+    assert r.meta.clock_bound == []  # HiGHS proved every tick's selection within its time limit
     assert [t.tick for t in r.trace] == [0, 1] and [t.t for t in r.trace] == [0.0, 300.0]
     t0, t1 = r.trace
     # tick 0 places the two jobs present; tick 1 places the batch job that arrived at 300 s
@@ -690,3 +691,12 @@ def test_a_run_records_its_numeric_kernels_and_bench_run_warns_of_cached_runs_ma
     assert res.exit_code == 0, res.output
     said = " ".join(res.output.split())  # rich wraps the line to the terminal's width
     assert f"1 cached run(s) were made with other numeric kernels (numpy AVX512_SPR, OpenBLAS SapphireRapids; here: {kernels()})" in said
+
+
+def test_a_run_records_the_ticks_a_wall_clock_limit_cut(tiny, tmp_path):
+    # EvoX with no time budget runs no generation: each tick's plan is its seed plan, and the run says so
+    r = run_one(tiny, "evo", 0, hours=HOURS, cache_dir=tmp_path, options={"time_budget_s": 0.0})
+    assert [c["tick"] for c in r.meta.clock_bound] == [0, 1]
+    assert {c["stage"] for c in r.meta.clock_bound} == {"S4_search"}
+    assert all("after 0 of 60 generations" in c["cut"] for c in r.meta.clock_bound)
+    assert RunCache(tmp_path).load(r.key).meta.clock_bound == r.meta.clock_bound  # kept in the cache

@@ -266,3 +266,18 @@ def test_a_breaching_active_job_reserves_the_swap_another_job_blocks(use_milp: b
     res = select(problem, use_milp=use_milp)
     assert res.choice["A"].kind is OptionKind.SWAP
     assert res.choice["B"].kind is OptionKind.KEEP and res.choice["B"].reserves is b_swap.cand
+
+
+def test_a_result_names_the_wall_clock_limit_that_cut_it() -> None:
+    # a plan cut by the clock depends on the machine's speed: the result must say so (stored with
+    # S4's selection; the benchmark runner counts such ticks and the report notes them)
+    assert select(_random_problem(3), time_limit=10, mip_rel_gap=0.0).clock_bound == ""
+    big = _random_problem(7, n_jobs=400, n_opts=12, n_pools=40, n_edges=60, budget=40)
+    r = select(big, time_limit=1e-6, greedy_time_limit=0.0)
+    assert r.status != "optimal" and r.solver in ("milp", "greedy")
+    assert "HiGHS stopped at its 1e-06 s time limit" in r.clock_bound
+    assert "the greedy's local search ran past its 0 s limit" in r.clock_bound
+    assert r.summary()["clock_bound"] == r.clock_bound
+    pick = [next(k for k, o in enumerate(opts) if o.cand is r.choice[j])
+            for j, opts in zip(big.job_ids, big.options, strict=True)]
+    assert not violations(big, pick)  # cut, still a feasible plan

@@ -90,6 +90,9 @@ class RunMeta(KoiModel):
     ticks_committed: int
     ticks_fallback: int
     fallbacks: list[dict[str, Any]] = Field(default_factory=list, description="tick, stage, reason of each fallback")
+    clock_bound: list[dict[str, Any]] | None = Field(
+        default=None, description="tick, stage and what cut it, for each tick whose plan a wall-clock limit cut "
+                                  "(such a plan depends on the machine's speed); None: not recorded")
     wall_s: float
     cpu_s: float
     load_before: float | None = None

@@ -70,6 +70,7 @@ class PolicyRow:
     llm: LlmUse | None = None
     llm_runs: int = 0
     kernels: list[str] = field(default_factory=list)  # the runs' numeric kernels (koi.numerics; "?": not recorded)
+    clock_bound_ticks: int | None = None  # ticks a wall-clock limit cut, over the runs (None: a run did not record it)
 
     @property
     def is_oracle(self) -> bool:
@@ -98,6 +99,8 @@ def policy_rows(runs: Iterable[RunResult]) -> list[PolicyRow]:
             fallback_ticks=sum(r.meta.ticks_fallback for r in rs), ticks=sum(r.meta.n_ticks for r in rs),
             llm=_merged_llm(rs), llm_runs=sum(1 for r in rs if r.meta.llm is not None),
             kernels=sorted({r.meta.kernels or "?" for r in rs}),
+            clock_bound_ticks=(None if any(r.meta.clock_bound is None for r in rs)
+                               else sum(len({c["tick"] for c in r.meta.clock_bound or []}) for r in rs)),
         ))  # fmt: skip
     return sorted(rows, key=lambda p: (_family_order(p.family), p.policy))
 
@@ -281,7 +284,7 @@ def summary(rows: Sequence[PolicyRow]) -> dict[str, Any]:
             "mean": {k: clean(v[0]) for k, v in r.stats.items()},
             "std": {k: clean(v[1]) for k, v in r.stats.items()},
             "wall_s_mean": round(r.wall_s, 2), "fallback_ticks": r.fallback_ticks, "ticks": r.ticks,
-            "kernels": r.kernels,
+            "kernels": r.kernels, "clock_bound_ticks": r.clock_bound_ticks,
             **({"llm": {**r.llm.model_dump(mode="json"), "runs": r.llm_runs}} if r.llm is not None else {}),
         }
         for r in rows
@@ -356,14 +359,24 @@ def build_markdown(scenario: str, digest: str, hours: float, rows: Sequence[Poli
         parts += [f"**Note:** these runs were made with {len(kern)} different numeric kernels "
                   f"({'; '.join(kern)}; `?`: not recorded); kernels that round differently give different last "
                   "digits and, through the simulation, different runs (`koi/numerics.py`).", ""]
+    cut = [r for r in rows if r.clock_bound_ticks]
+    if cut:
+        parts += ["**Note:** a wall-clock limit (the MILP's time limit, EvoX's time budget) cut the planning of "
+                  + ", ".join(f"{r.clock_bound_ticks} tick(s) of {r.label}" for r in cut)
+                  + ": those plans depend on the machine's speed, so another machine may not reproduce these "
+                  "runs (each run's `meta.clock_bound` names the ticks).", ""]
     llm = llm_table(rows)
     if llm:
         parts += ["## Language models", "", "The planners that ask a model, summed over their runs: how many "
                   "ticks' proposals were the model's own plan (the rest are the fallback) and what the model "
                   "was asked for.", "", llm, ""]
-    parts += ["## Runs", "", "| Method | seeds | mean wall s / run | fallback ticks | ticks |", "|---|---|---:|---:|---:|"]
+    parts += ["## Runs", "", "Clock-bound ticks: ticks whose plan a wall-clock limit cut (— : not recorded).", "",
+              "| Method | seeds | mean wall s / run | fallback ticks | clock-bound ticks | ticks |",
+              "|---|---|---:|---:|---:|---:|"]
     for r in rows:
-        parts.append(f"| {_label(r)} | {' '.join(map(str, r.seeds))} | {r.wall_s:.1f} | {r.fallback_ticks} | {r.ticks} |")
+        cb = "—" if r.clock_bound_ticks is None else str(r.clock_bound_ticks)
+        parts.append(f"| {_label(r)} | {' '.join(map(str, r.seeds))} | {r.wall_s:.1f} | {r.fallback_ticks} | {cb} "
+                     f"| {r.ticks} |")
     parts += ["", "## Metrics: the exact formulas", "", "From `koi/bench/evaluator.py` (FORMULAS), verbatim:", "",
               "```text", FORMULAS, "```", ""]
     parts += ["$/M SLO tokens is the cost per SLO token in dollars per million tokens (the paper prints "

@@ -272,6 +272,25 @@ def evaluated_jobs(world: Any, horizon_s: float) -> tuple[list[Job], np.ndarray]
     return kept, remap
 
 
+def clock_bound_at(session: Any, cluster_id: str, tick: int) -> list[dict[str, Any]]:
+    """What cut this tick's planning at a wall-clock limit, if anything: S4's selection (HiGHS's
+    time limit, the greedy's) and a policy's own search (EvoX's time budget). A plan cut by the
+    clock depends on the machine's speed, so another machine may not reproduce the run."""
+    from koi.bench.policies._common import SEARCH_STAGE
+    from koi.store import Stage
+    from koi.store.repos.stages import load_stage_output
+
+    out = []
+    for stage, part in ((Stage.S4_PLAN, "selection"), (SEARCH_STAGE, None)):
+        row = load_stage_output(session, cluster_id, tick, stage)
+        body = (row.payload or {}) if row is not None else {}
+        body = body.get(part) or {} if part else body
+        why = body.get("clock_bound") if isinstance(body, dict) else None
+        if why:
+            out.append({"tick": tick, "stage": str(stage), "cut": str(why)[:300]})
+    return out
+
+
 def assemble(
     *,
     engine: Any,
@@ -306,6 +325,7 @@ def assemble(
     trace: list[TickTrace] = []
     plans: list[str | None] = []
     fallbacks: list[dict[str, Any]] = []
+    clock_bound: list[dict[str, Any]] = []
     stage_s: Counter[str] = Counter()
     placed_before: set[str] = set()
     with session_scope(engine) as s:
@@ -317,6 +337,7 @@ def assemble(
                 stage_s[k] += float(v)
             counts: Counter[str] = Counter()
             actions: dict[str, str] = {}
+            clock_bound += clock_bound_at(s, cluster_id, n)
             prow = get_plan_row(s, cluster_id, n)
             plan = get_plan(s, cluster_id, n) if prow is not None and prow.committed else None
             if outcome == "committed" and plan is not None:
@@ -364,6 +385,7 @@ def assemble(
         label=spec.label, family=str(spec.family.value), via=via, cluster_id=cluster_id,
         scenario_path=str(scenario_file) if scenario_file else None, tick_s=tick_s, n_ticks=n_ticks,
         horizon_s=horizon, ticks_committed=committed, ticks_fallback=n_ticks - committed, fallbacks=fallbacks,
+        clock_bound=clock_bound,
         wall_s=round(clock.wall_s, 3), cpu_s=round(clock.cpu_s, 3), load_before=clock.load_before,
         load_after=clock.load_after, stage_s={k: round(v, 3) for k, v in sorted(stage_s.items())},
         sim_s=round(clock.sim_s, 3), llm=llm, koi_version=__version__, code_digest=code_digest(),

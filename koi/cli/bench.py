@@ -142,7 +142,8 @@ def _brief(r: Any) -> dict[str, Any]:
     m = r.metrics
     return {"policy": r.key.policy, "seed": r.key.seed, "hours": r.key.hours, "cached": r.cached,
             "via": r.meta.via, "wall_s": r.meta.wall_s, "cpu_s": r.meta.cpu_s, "load_after": r.meta.load_after,
-            "ticks": r.meta.n_ticks, "fallback_ticks": r.meta.ticks_fallback, "composite": m.composite,
+            "ticks": r.meta.n_ticks, "fallback_ticks": r.meta.ticks_fallback,
+            "clock_bound_ticks": sorted({c["tick"] for c in r.meta.clock_bound or []}), "composite": m.composite,
             "goodput_tok_s": m.goodput_tok_s, "cluster_id": r.meta.cluster_id, "store": r.meta.store}
 
 
@@ -406,6 +407,10 @@ def run(
     else:
         err_console.print(f"suite wall {wall:.1f} s, load average {', '.join(f'{x:.2f}' for x in load_avg or [])}")
         for b in ran:
+            if b.get("clock_bound_ticks"):
+                err_console.print(f"[yellow]{b['policy']} seed {b['seed']}: a wall-clock limit cut the planning of "
+                                  f"tick(s) {', '.join(map(str, b['clock_bound_ticks']))}; another machine may not "
+                                  "reproduce this run[/]")
             if b.get("store"):
                 err_console.print(f"store of {b['policy']} seed {b['seed']}: koi plan replay TICK "
                                   f"--cluster {b['cluster_id']} --url sqlite:///{b['store']}")

@@ -57,7 +57,9 @@ The kept ladder always carries its masks (see the Expl linearisation above).
 building and the greedy is broken by job order (the budget book's priority table) and option
 index. A solve stopped by its *time limit* depends on the machine's speed, so a plan is
 replay-stable whenever the MILP proves optimality within the limit (the 25-job cluster
-always; at 1,000 jobs the limit may bind, and the reported gap says by how much).
+always; at 1,000 jobs the limit may bind, and the reported gap says by how much). A result
+names the limit that cut it (``clock_bound``, stored with S4's selection), so a run, a replay
+or a benchmark report can say that a plan depended on the machine's speed.
 
 **Solver.** ``scipy.optimize.milp`` (HiGHS) with ``time_limit`` and ``mip_rel_gap``; we
 report HiGHS's relative gap (``mip_gap``) and dual bound. If HiGHS fails or stops
@@ -136,10 +138,13 @@ class SelectionResult:
     n_constraints: int = 0
     milp_objective: float | None = None
     greedy_objective: float | None = None
+    #: which wall-clock limit cut the search ("" when none did): such a plan depends on the machine's speed
+    clock_bound: str = ""
 
     def summary(self) -> dict[str, object]:
         return {
-            "solver": self.solver, "status": self.status, "objective": self.objective, "phi": self.phi,
+            "solver": self.solver, "status": self.status, "clock_bound": self.clock_bound,
+            "objective": self.objective, "phi": self.phi,
             "expl": self.expl, "bound": self.bound, "gap": self.gap, "seconds": self.seconds,
             "n_vars": self.n_vars, "n_constraints": self.n_constraints,
             "milp_objective": self.milp_objective, "greedy_objective": self.greedy_objective,
@@ -642,9 +647,15 @@ def select(
     proven = pick_m is not None and res is not None and res.status == 0
     pick_g = None
     obj_g = None
+    cut: list[str] = []
+    if res is not None and res.status == 1:  # HiGHS: "iteration or time limit reached" (we set only time)
+        cut.append(f"HiGHS stopped at its {time_limit:g} s time limit")
     if not proven:  # no solution, or stopped by the time limit: the heuristic may do better
         gl = greedy_time_limit if greedy_time_limit is not None else max(1.0, 0.25 * time_limit)
+        tg = time.perf_counter()
         pick_g = solve_greedy(problem, time_limit=gl)
+        if time.perf_counter() - tg > gl:  # conservative: a last pass that ran past the limit counts too
+            cut.append(f"the greedy's local search ran past its {gl:g} s limit")
         obj_g = evaluate(problem, pick_g)[0]
     bound = gap = None
     if res is not None and pick_m is not None:
@@ -664,6 +675,7 @@ def select(
     return SelectionResult(
         choice=choice, objective=obj, phi=phi, expl=expl, bound=bound, gap=gap, status=status, solver=solver,
         seconds=time.perf_counter() - t0, n_vars=nv, n_constraints=nc, milp_objective=obj_m, greedy_objective=obj_g,
+        clock_bound="; ".join(cut),
     )
 
 

@@ -23,7 +23,9 @@
 - **Budget**: ``generations`` (default 60) per tick, stopped early by ``time_budget_s`` (default
   1.5 s). A run is deterministic under its seed as long as the time budget does not bind (it does
   not on the benchmark sizes here: a generation of 32 plans over 25 jobs takes about a
-  millisecond); the number of generations actually run is recorded in :attr:`RollingEvo.trace`.
+  millisecond); the number of generations actually run is recorded in :attr:`RollingEvo.trace`
+  and, each tick, in the store (stage ``S4_search``), which names the budget when it cut the
+  search — the run's meta and the benchmark report count those ticks.
 
 No causal learning: the fresh surrogate (nothing learned), β = 0 (no Expl term), no
 mechanism ids; S2/S3 off. Per-run state: the previous best plan and the per-tick trace.
@@ -39,7 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from koi.bench.policies._common import PolicyProposer, baseline_context, job_candidates, options_of
+from koi.bench.policies._common import (
+    PolicyProposer,
+    baseline_context,
+    job_candidates,
+    options_of,
+    save_search,
+)
 from koi.bench.policy import BenchContext, Family, PolicySpec, register
 from koi.domain import Plan
 from koi.planning.proposer import action_for
@@ -226,6 +234,11 @@ class RollingEvo(PolicyProposer):
         self.prev_best = {jid: (ladder_key(c.ranks) if c.ranks else None) for jid, c in choice.items()}
         actions = [action_for(snap, cands[jid], choice[jid], book) for jid in book.priority_table]
         tr = self.trace[int(ctx.tick)]
+        planned = int(self.cfg["generations"])
+        cut = (f"EvoX's {float(self.cfg['time_budget_s']):g} s time budget after {tr.generations} of {planned} generations"
+               if problem.job_ids and tr.generations < planned else "")
+        save_search(ctx, {"policy": self.policy, "generations": tr.generations, "of": planned,
+                          "seed_fitness": tr.seed_fitness, "best_fitness": tr.best_fitness, "clock_bound": cut})
         why = (f"rolling evolutionary search: {tr.generations} generations × {self.cfg['population']} plans, "
                f"fitness {tr.seed_fitness:.4f} (carried over) → {tr.best_fitness:.4f}")
         return Plan(tick=snap.tick, cluster_id=snap.cluster_id, actions=actions, tick_rationale=why,
