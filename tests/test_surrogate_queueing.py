@@ -64,3 +64,17 @@ def test_closed_loop_conserves_the_clients():
     r = solve_closed_loop(inputs([1.0, 1.0, 1.0]), np.array([4.0, 32.0, 128.0]))
     in_system = r.lam_served * (r.ttft_mean + 199 * r.t_step)
     assert in_system == pytest.approx([4.0, 32.0, 128.0], rel=0.02)
+
+
+def test_a_cap_on_a_grid_point_below_an_unstable_one_is_solved_not_nan():
+    # max_num_seqs = 256 sits on the batch grid; when the next grid point's iteration is unstable at this
+    # load (prompt work ≥ the iteration: T = ∞ there), the blend at B_cap must not be ∞·0 = NaN
+    lam = [10.0, 10.0]
+    inp = inputs(lam, cap=256.0)
+    inp.c_pf[:, GRID > 256] = 1e-4  # λ·isl·c_pf = 1 beyond 256: unstable there
+    inp.b_cap[1] = 256.0 * (1 - 1e-12)  # just below the grid point: the old blend's finite side
+    r = solve(inp)
+    for name in ("batch", "t_step", "ttft_p99", "tpot_p99", "lam_sat", "queue_depth"):
+        v = getattr(r, name)
+        assert np.all(np.isfinite(v)), name
+        assert v[0] == pytest.approx(v[1], rel=1e-6), name

@@ -188,7 +188,12 @@ def _population(lam, ndec, t_tab, c_tab, isl, b_grid, b_cap, ca):  # noqa: ANN00
     lo, hi = b_grid[j], b_grid[j + 1]
     w = np.clip((b_cap - lo) / (hi - lo), 0.0, 1.0)
     r_ = np.arange(len(b_cap))
-    t_cap = T[r_, j] * (1 - w) + T[r_, j + 1] * w
+    t_lo, t_hi = T[r_, j], T[r_, j + 1]
+    with np.errstate(invalid="ignore"):  # inf·0 where a segment end is unstable; the ends are taken whole below
+        t_mid = t_lo * (1 - w) + t_hi * w
+    # B_cap on a grid point takes that point's T: with the next point unstable (T = ∞) the blend gave ∞·0 = NaN,
+    # and a NaN population (E[N], P(wait), …) for a replica whose max_num_seqs sits on the grid (e.g. 256)
+    t_cap = np.where(w <= 0.0, t_lo, np.where(w >= 1.0, t_hi, t_mid))
     T = np.where(b_grid[None, :] > b_cap[:, None], t_cap[:, None], T)
     mu = x / (ndec[:, None] * T)
     scale = 2.0 / (ca**2 + 1.0)
