@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 
 import structlog
 
@@ -61,3 +62,24 @@ def get_logger(name: str | None = None, **bound: object) -> structlog.stdlib.Bou
         configure()
     log = structlog.get_logger(name) if name else structlog.get_logger()
     return log.bind(**bound) if bound else log
+
+
+def log_numeric_warnings() -> None:
+    """Send numpy's floating-point warnings (RuntimeWarning: ∞·0, 0/0, overflow) to the log, once per
+    place in the code, instead of hiding them: such a warning once marked a NaN the surrogate returned
+    for some replicas (``koi/surrogate/queueing.py``), and a long run's progress bars should not bury it."""
+    if getattr(warnings.showwarning, "_koi_numeric", False):
+        return  # already routed (idempotent: CLIs and workers call it once per command)
+    log = get_logger("koi.numeric")
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+        if issubclass(category, RuntimeWarning):
+            log.warning("numeric_warning", category=category.__name__, where=f"{filename}:{lineno}",
+                        message=str(message))
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    show._koi_numeric = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+    warnings.simplefilter("default", RuntimeWarning)

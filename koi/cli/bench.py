@@ -32,7 +32,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +49,10 @@ VIA = typer.Option("in-process", "--via", help="in-process | temporal")
 
 
 def _quiet(verbose: bool) -> None:
-    from koi.logging import configure
+    from koi.logging import configure, log_numeric_warnings
 
     configure(level="INFO" if verbose else "WARNING")
-    if not verbose:
-        warnings.simplefilter("ignore", RuntimeWarning)
+    log_numeric_warnings()  # logged once per place, never hidden
 
 
 def _plugins() -> None:
