@@ -457,3 +457,19 @@ def test_the_report_counts_the_ticks_a_wall_clock_limit_cut(tmp_path):
     evo.meta.clock_bound = []
     cache.save(evo, np.zeros(0, RECORD_DTYPE))
     assert "**Note:** a wall-clock limit" not in rebuild(str(path), cache_dir=tmp_path / "cache", hours=HOURS, figures=False).markdown
+
+
+def test_a_learning_band_over_a_tick_no_seed_has_a_value_for_is_a_gap_without_a_warning():
+    import warnings
+
+    from koi.bench.figures import _band, _plt
+
+    s = np.array([[1.0, 3.0], [np.nan, np.nan], [2.0, np.nan]])  # tick 1: no seed recorded a value
+    fig, ax = _plt().subplots()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _band(ax, np.arange(3.0), s, "C0", "ε")
+    _plt().close(fig)
+    assert [str(w.message) for w in seen] == []
+    line = ax.get_lines()[0].get_ydata()
+    assert line[0] == 2.0 and np.isnan(line[1]) and line[2] == 2.0

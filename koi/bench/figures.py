@@ -163,9 +163,10 @@ def attainment_figure(runs: Sequence[RunResult], rows: Sequence[PolicyRow], path
 
 # ---- Fig. 4c/d and U: Koi's learning ----------------------------------------------------------------------------
 def _band(ax, h: np.ndarray, s: np.ndarray, colour: str, label: str, ls: str = "-") -> None:  # noqa: ANN001
-    with np.errstate(all="ignore"):
-        mean = np.nanmean(s, axis=1)
-        lo, hi = np.nanmin(s, axis=1), np.nanmax(s, axis=1)
+    some = np.isfinite(s).any(axis=1)  # a tick no seed has a value for stays a gap (NaN), without a warning
+    mean, lo, hi = (np.full(len(s), np.nan) for _ in range(3))
+    mean[some] = np.nanmean(s[some], axis=1)
+    lo[some], hi[some] = np.nanmin(s[some], axis=1), np.nanmax(s[some], axis=1)
     ax.plot(h, mean, color=colour, lw=1.6, ls=ls, label=label)
     if s.shape[1] > 1:
         ax.fill_between(h, lo, hi, color=colour, alpha=0.18, lw=0)
