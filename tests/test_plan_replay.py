@@ -117,3 +117,26 @@ def test_bench_run_keeps_the_store_a_replay_reads(tmp_path):
     res = _invoke(["bench", "run", "--scenario", str(scenario), "--policies", "koi", "--seeds", "1", "--hours", "0.1",
                    "--keep-store", "--via", "temporal", "--cache-dir", str(tmp_path / "cache")])
     assert res.exit_code == 2 and "--keep-store" in res.output
+
+
+def test_a_replay_names_the_wall_clock_limit_that_cut_the_stored_tick(koi_run, tmp_path):
+    import shutil
+
+    from koi.store.repos.stages import save_stage_output
+
+    copy = tmp_path / "koi.db"
+    shutil.copy(koi_run.meta.store, copy)
+    url, cid = f"sqlite:///{copy}", koi_run.meta.cluster_id
+    eng = make_engine(url)
+    with session_scope(eng) as s:
+        assert replay_s4(s, cid, 2).stored_clock_bound == "" and replay_s4(s, cid, 2).clock_bound == ""
+        row = load_stage_output(s, cid, 2, Stage.S4_PLAN)
+        payload = {**row.payload, "selection": {**row.payload["selection"],
+                                                "clock_bound": "HiGHS stopped at its 10 s time limit"}}
+        save_stage_output(s, cid, 2, Stage.S4_PLAN, payload, row.input_digest)
+    with session_scope(eng) as s:
+        assert replay_s4(s, cid, 2).stored_clock_bound == "HiGHS stopped at its 10 s time limit"
+    eng.dispose()
+    res = _invoke(["plan", "replay", "2", "--cluster", cid, "--url", url])
+    assert res.exit_code == 0, res.output
+    assert "the stored tick's search was cut by the clock (HiGHS stopped at its 10 s time limit)" in res.stdout

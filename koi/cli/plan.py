@@ -129,6 +129,10 @@ def replay(
 
     console.print(f"{cid} tick {tick}: the replay {'reproduces' if rep.reproduced else 'does NOT reproduce'} "
                   f"the stored S4 plan (surrogate fitted on {rep.perf_records} PerfDB records)")
+    for whose, cut in (("the stored tick's", rep.stored_clock_bound), ("this replay's", rep.clock_bound)):
+        if cut:
+            console.print(f"[yellow]{whose} search was cut by the clock ({cut}): its plan depends on the "
+                          "machine's speed[/]")
     for jr in rep.jobs:
         flag = "" if jr.same else f" [stored: {jr.stored}]"
         emit([{"": "→" if o.chosen else "", "option": o.kind, "σ": f"{o.sigma:.3f}", "J": f"{o.j:.3f}",

@@ -14,7 +14,9 @@ Because S4 is deterministic under the same inputs, the replayed plan is the stor
 (``reproduced``); when it is not, the replay says so per job, and the options shown are today's
 reading of that tick (a cluster planned by a bench baseline with its own context, an LLM planner's
 proposal, or code that changed since). The stored plan compared is S4's proposal, before S5's
-checks and repair.
+checks and repair. A tick whose search a wall-clock limit cut (HiGHS's time limit) depends on the
+machine's speed; the replay names the limit, the stored tick's and its own (``clock_bound``), so a
+replay that differs for that reason says why.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class Replay(KoiModel):
     reproduced: bool = Field(description="every job's replayed action equals the stored proposal's")
     perf_records: int = Field(description="PerfDB records the replay's surrogate was fitted on")
     objective: float
+    stored_clock_bound: str = Field(default="", description="the wall-clock limit that cut the stored S4's search")
+    clock_bound: str = Field(default="", description="the wall-clock limit that cut this replay's search")
     jobs: list[JobReplay]
 
 
@@ -135,4 +139,7 @@ def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] |
         cluster_id=cluster_id, tick=tick, reproduced=bool(replayed) and all(same.values()),
         perf_records=len(records),
         objective=round(prop.selection.objective, 6), jobs=out,
+        stored_clock_bound=str(((stored_row.payload.get("selection") or {}) if stored_row is not None else {})
+                               .get("clock_bound") or ""),
+        clock_bound=prop.selection.clock_bound,
     )
