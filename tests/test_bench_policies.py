@@ -359,9 +359,10 @@ def test_evo_fitness_never_decreases_and_beats_its_seed(runs):
 
 
 def test_evo_records_each_ticks_search_and_names_the_budget_when_it_cuts_it(runs, tmp_path_factory, scenario):
-    from koi.bench.policies._common import SEARCH_STAGE
-    from koi.bench.runner import clock_bound_at
-    from koi.store.repos.stages import load_stage_output
+    from koi.pipeline.stages import clock_bound_at
+    from koi.store.repos.stages import Stage, load_stage_output
+
+    SEARCH_STAGE = str(Stage.S4_SEARCH)
 
     run = runs("evo")
     with session_scope(run.engine) as s:
@@ -369,7 +370,9 @@ def test_evo_records_each_ticks_search_and_names_the_budget_when_it_cuts_it(runs
             rec = load_stage_output(s, run.cluster_id, t, SEARCH_STAGE).payload
             assert rec["generations"] == rec["of"] == 60 and rec["clock_bound"] == ""
             assert clock_bound_at(s, run.cluster_id, t) == []
+    assert [r.plan.clock_bound for r in run.results] == ["", "", ""]  # the tick's result (the Temporal UI's)
     cut = run_policy(tmp_path_factory, scenario, "evo", options={"time_budget_s": 0.0})
+    assert all(r.plan.clock_bound == "EvoX's 0 s time budget after 0 of 60 generations" for r in cut.results)
     with session_scope(cut.engine) as s:
         got = [clock_bound_at(s, cut.cluster_id, t) for t in range(3)]
     cut.engine.dispose()
@@ -516,3 +519,11 @@ def test_same_seed_same_plans(runs, tmp_path_factory, scenario, name):
     again = run_policy(tmp_path_factory, scenario, name, seed=0)
     assert again.plans() == first.plans()
     again.engine.dispose()
+
+
+def test_a_tick_whose_milp_a_time_limit_cut_says_so_in_its_result(runs, tmp_path_factory, scenario):
+    assert [r.plan.clock_bound for r in runs("milp").results] == ["", ""]
+    cut = run_policy(tmp_path_factory, scenario, "milp", options={"time_limit": 1e-9})
+    cut.engine.dispose()
+    assert all(r.outcome == "committed" for r in cut.results)  # the greedy fallback still plans the tick
+    assert all(r.plan.clock_bound.startswith("HiGHS stopped at its 1e-09 s time limit") for r in cut.results)

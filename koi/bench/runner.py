@@ -272,25 +272,6 @@ def evaluated_jobs(world: Any, horizon_s: float) -> tuple[list[Job], np.ndarray]
     return kept, remap
 
 
-def clock_bound_at(session: Any, cluster_id: str, tick: int) -> list[dict[str, Any]]:
-    """What cut this tick's planning at a wall-clock limit, if anything: S4's selection (HiGHS's
-    time limit, the greedy's) and a policy's own search (EvoX's time budget). A plan cut by the
-    clock depends on the machine's speed, so another machine may not reproduce the run."""
-    from koi.bench.policies._common import SEARCH_STAGE
-    from koi.store import Stage
-    from koi.store.repos.stages import load_stage_output
-
-    out = []
-    for stage, part in ((Stage.S4_PLAN, "selection"), (SEARCH_STAGE, None)):
-        row = load_stage_output(session, cluster_id, tick, stage)
-        body = (row.payload or {}) if row is not None else {}
-        body = body.get(part) or {} if part else body
-        why = body.get("clock_bound") if isinstance(body, dict) else None
-        if why:
-            out.append({"tick": tick, "stage": str(stage), "cut": str(why)[:300]})
-    return out
-
-
 def assemble(
     *,
     engine: Any,
@@ -310,6 +291,7 @@ def assemble(
     from koi import __version__
     from koi.bench.llm_use import run_llm_use
     from koi.domain import ClusterSnapshot
+    from koi.pipeline.stages import clock_bound_at
     from koi.store import Stage, digest, get_plan, get_plan_row, list_ticks, load_stage_model, session_scope
 
     horizon = n_ticks * tick_s
@@ -337,7 +319,7 @@ def assemble(
                 stage_s[k] += float(v)
             counts: Counter[str] = Counter()
             actions: dict[str, str] = {}
-            clock_bound += clock_bound_at(s, cluster_id, n)
+            clock_bound += clock_bound_at(s, cluster_id, n)  # koi.pipeline.stages
             prow = get_plan_row(s, cluster_id, n)
             plan = get_plan(s, cluster_id, n) if prow is not None and prow.committed else None
             if outcome == "committed" and plan is not None:

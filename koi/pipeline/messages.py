@@ -122,6 +122,8 @@ class PlanSummary(Msg):
     n_actions: int
     by_type: dict[str, int] = Field(default_factory=dict)
     digest: str = ""
+    clock_bound: str = Field(default="", description="the wall-clock limit that cut the search, if one did "
+                                                     "(the plan then depends on the machine's speed)")
 
 
 class ValidationSummary(Msg):

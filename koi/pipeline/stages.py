@@ -105,6 +105,21 @@ def _save_merged(session: Any, cluster_id: str, tick: int, stage: str, mine: dic
                       input_digest=row.input_digest if theirs else input_digest)
 
 
+def clock_bound_at(session: Any, cluster_id: str, tick: int) -> list[dict[str, Any]]:
+    """What cut this tick's planning at a wall-clock limit, if anything: S4's selection (HiGHS's time
+    limit, the greedy's) and a policy's own search (``S4_search``: EvoX's time budget). A plan cut by
+    the clock depends on the machine's speed, so another machine (or a replay) may not reproduce it."""
+    out = []
+    for stage, part in ((Stage.S4_PLAN, "selection"), (Stage.S4_SEARCH, None)):
+        row = load_stage_output(session, cluster_id, tick, stage)
+        body = row.payload if row is not None and isinstance(row.payload, dict) else {}
+        body = (body.get(part) or {}) if part else body
+        why = body.get("clock_bound") if isinstance(body, dict) else None
+        if why:
+            out.append({"tick": tick, "stage": str(stage), "cut": str(why)[:300]})
+    return out
+
+
 def deployment_refs(deployments: list[Deployment]) -> list[DeploymentRef]:
     return [
         DeploymentRef(
@@ -343,9 +358,11 @@ def s4_plan(rt: Runtime, ref: StageRef) -> PlanSummary:
         _save_merged(s, ref.cluster_id, ref.tick, Stage.S4_PLAN,
                      {"attempt": ref.attempt, "proposer": plan.proposer, "plan_digest": pd}, before,
                      input_digest=digest({"snapshot": digest(snap), "attempt": ref.attempt}))
+        cut = "; ".join(c["cut"] for c in clock_bound_at(s, ref.cluster_id, ref.tick))
     by_type = Counter(a.type.value for a in plan.actions)
     return PlanSummary(
-        tick=ref.tick, attempt=ref.attempt, proposer=plan.proposer, n_actions=len(plan.actions), by_type=dict(by_type), digest=pd
+        tick=ref.tick, attempt=ref.attempt, proposer=plan.proposer, n_actions=len(plan.actions), by_type=dict(by_type),
+        digest=pd, clock_bound=cut,
     )
 
 

@@ -73,22 +73,18 @@ class PolicyProposer:
 
 
 # ---- a search's own record -------------------------------------------------------------------------------
-#: the stage under which a policy with its own search (not :func:`koi.planning.tick.run_s4`) records
-#: how that search went each tick; S4's own selection is stored under ``S4_PLAN``
-SEARCH_STAGE = "S4_search"
-
-
 def save_search(ctx: ProposeContext, payload: dict[str, Any]) -> None:
-    """Store a policy's search record for this tick (replay-stable fields only: no seconds).
+    """Store a policy's own search record for this tick under ``S4_search`` (replay-stable fields
+    only: no seconds); the deterministic proposer's selection is stored under ``S4_plan``.
 
     ``payload["clock_bound"]`` names the wall-clock limit that cut the search ("" when none did);
-    the runner reads it into the run's meta, so a report can say which runs depended on the
-    machine's speed."""
+    the tick's PlanSummary and the benchmark run's meta carry it, so a report can say which runs
+    depended on the machine's speed."""
     if getattr(ctx, "session", None) is None:
         return
-    from koi.store.repos.stages import digest, save_stage_output
+    from koi.store.repos.stages import Stage, digest, save_stage_output
 
-    save_stage_output(ctx.session, ctx.cluster_id, ctx.tick, SEARCH_STAGE, payload,
+    save_stage_output(ctx.session, ctx.cluster_id, ctx.tick, Stage.S4_SEARCH, payload,
                       input_digest=digest({"attempt": ctx.attempt}))
 
 

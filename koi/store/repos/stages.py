@@ -33,6 +33,7 @@ class Stage(StrEnum):
     S2_VALIDATE = "S2_validate"
     S3_SLOW = "S3_slow"
     S4_PLAN = "S4_plan"
+    S4_SEARCH = "S4_search"  # a policy's own search (not the deterministic proposer's), e.g. EvoX's generations
     S5_VALIDATE_PLAN = "S5_validate_plan"
     S6_DEPLOY = "S6_deploy"
 
