@@ -527,3 +527,17 @@ def test_a_tick_whose_milp_a_time_limit_cut_says_so_in_its_result(runs, tmp_path
     cut.engine.dispose()
     assert all(r.outcome == "committed" for r in cut.results)  # the greedy fallback still plans the tick
     assert all(r.plan.clock_bound.startswith("HiGHS stopped at its 1e-09 s time limit") for r in cut.results)
+
+
+def test_a_run_records_the_ticks_a_wall_clock_limit_cut(tmp_path):
+    from koi.bench.cache import RunCache
+    from koi.bench.runner import run_one
+    from tests.test_bench_runner import HOURS, write_tiny
+
+    tiny = write_tiny(tmp_path)
+    # EvoX with no time budget runs no generation: each tick's plan is its seed plan, and the run says so
+    r = run_one(tiny, "evo", 0, hours=HOURS, cache_dir=tmp_path, options={"time_budget_s": 0.0})
+    assert [c["tick"] for c in r.meta.clock_bound] == [0, 1]
+    assert {c["stage"] for c in r.meta.clock_bound} == {"S4_search"}
+    assert all("after 0 of 60 generations" in c["cut"] for c in r.meta.clock_bound)
+    assert RunCache(tmp_path).load(r.key).meta.clock_bound == r.meta.clock_bound  # kept in the cache

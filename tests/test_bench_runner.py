@@ -692,11 +692,3 @@ def test_a_run_records_its_numeric_kernels_and_bench_run_warns_of_cached_runs_ma
     said = " ".join(res.output.split())  # rich wraps the line to the terminal's width
     assert f"1 cached run(s) were made with other numeric kernels (numpy AVX512_SPR, OpenBLAS SapphireRapids; here: {kernels()})" in said
 
-
-def test_a_run_records_the_ticks_a_wall_clock_limit_cut(tiny, tmp_path):
-    # EvoX with no time budget runs no generation: each tick's plan is its seed plan, and the run says so
-    r = run_one(tiny, "evo", 0, hours=HOURS, cache_dir=tmp_path, options={"time_budget_s": 0.0})
-    assert [c["tick"] for c in r.meta.clock_bound] == [0, 1]
-    assert {c["stage"] for c in r.meta.clock_bound} == {"S4_search"}
-    assert all("after 0 of 60 generations" in c["cut"] for c in r.meta.clock_bound)
-    assert RunCache(tmp_path).load(r.key).meta.clock_bound == r.meta.clock_bound  # kept in the cache
