@@ -319,7 +319,7 @@ def assemble(
                 stage_s[k] += float(v)
             counts: Counter[str] = Counter()
             actions: dict[str, str] = {}
-            clock_bound += clock_bound_at(s, cluster_id, n)  # koi.pipeline.stages
+            clock_bound += clock_bound_at(s, cluster_id, n)
             prow = get_plan_row(s, cluster_id, n)
             plan = get_plan(s, cluster_id, n) if prow is not None and prow.committed else None
             if outcome == "committed" and plan is not None:

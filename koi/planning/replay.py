@@ -103,6 +103,7 @@ def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] |
         raise ValueError(f"cluster {cluster_id!r} has no S0 snapshot at tick {tick}: nothing to replay")
     stored_row = load_stage_output(session, cluster_id, tick, Stage.S4_PLAN)
     stored_plan = Plan.model_validate(stored_row.payload["plan"]) if stored_row is not None else None
+    stored_sel = (stored_row.payload.get("selection") or {}) if stored_row is not None else {}
     book = (BudgetBook.model_validate(stored_row.payload["budget_book"])
             if stored_row is not None and stored_row.payload.get("budget_book") else None)
     unknown = sorted(set(jobs or ()) - {j.job.job_id for j in snap.jobs})
@@ -139,7 +140,6 @@ def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] |
         cluster_id=cluster_id, tick=tick, reproduced=bool(replayed) and all(same.values()),
         perf_records=len(records),
         objective=round(prop.selection.objective, 6), jobs=out,
-        stored_clock_bound=str(((stored_row.payload.get("selection") or {}) if stored_row is not None else {})
-                               .get("clock_bound") or ""),
+        stored_clock_bound=str(stored_sel.get("clock_bound") or ""),
         clock_bound=prop.selection.clock_bound,
     )
