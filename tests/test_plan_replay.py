@@ -129,7 +129,8 @@ def test_a_replay_names_the_wall_clock_limit_that_cut_the_stored_tick(koi_run, t
     url, cid = f"sqlite:///{copy}", koi_run.meta.cluster_id
     eng = make_engine(url)
     with session_scope(eng) as s:
-        assert replay_s4(s, cid, 2).stored_clock_bound == "" and replay_s4(s, cid, 2).clock_bound == ""
+        before = replay_s4(s, cid, 2)
+        assert before.stored_clock_bound == "" and before.clock_bound == ""
         row = load_stage_output(s, cid, 2, Stage.S4_PLAN)
         payload = {**row.payload, "selection": {**row.payload["selection"],
                                                 "clock_bound": "HiGHS stopped at its 10 s time limit"}}
