@@ -305,9 +305,21 @@ class Report:
     claims: list[Claim]
 
     def json(self) -> dict[str, Any]:
-        return {"scenario": self.scenario, "scenario_digest": self.digest, "hours": self.hours,
-                "policies": summary(self.rows), **pr.as_json(self.paired, self.claims),
+        return {**report_json(self.scenario, self.digest, self.hours, self.rows, self.paired, self.claims),
                 "files": {k: str(v) for k, v in self.files.items()}}
+
+
+def report_json(scenario: str, digest: str, hours: float, rows: Sequence[PolicyRow],
+                paired: Sequence[PairedRow] | None = None, claims: Sequence[Claim] | None = None,
+                runs: Sequence[RunResult] = ()) -> dict[str, Any]:
+    """A report's JSON without its files: every policy's figures, Koi paired by seed, the claims
+    (paired and claims computed from ``runs`` when not given)."""
+    if paired is None:
+        paired = paired_in_table_order(rows, runs)
+    if claims is None:
+        claims = pr.claims(rows, paired=paired)
+    return {"scenario": scenario, "scenario_digest": digest, "hours": hours, "policies": summary(rows),
+            **pr.as_json(paired, claims)}
 
 
 def paired_in_table_order(rows: Sequence[PolicyRow], runs: Sequence[RunResult]) -> list[PairedRow]:

@@ -1,4 +1,4 @@
-"""``koi bench run|report|jobs|policies``: the benchmark suite (issue 8) from the command line.
+"""``koi bench run|report|jobs|diff|policies``: the benchmark suite (issue 8) from the command line.
 
 ``koi bench run --scenario hetero-3h --policies all --seeds 3 [--hours H] [--jobs 2]`` runs every
 (policy, seed) not already cached, in ``--jobs`` worker processes (each runs whole runs), with
@@ -7,7 +7,8 @@ figures under ``KOI_DATA_DIR/bench/<scenario>/report/`` and prints the main tabl
 ``koi bench report --scenario hetero-3h`` rebuilds them from the cache; ``--json`` prints one
 JSON document (every policy's mean and std of every metric). ``koi bench jobs --policies koi,milp``
 breaks the cached runs down by job (:mod:`koi.bench.jobs`: where each policy's dollars, GPU-hours, swaps and
-SLO misses go).
+SLO misses go). ``koi bench diff report.json`` says whether the cache's runs reproduce a published
+report, field by field (:mod:`koi.bench.diff`).
 
 Ctrl-C or SIGTERM stops a suite: queued runs are dropped and running ones terminated (finished
 runs stay cached, so the same command resumes); a worker whose suite process died some other way
@@ -503,6 +504,77 @@ def jobs(
         return
     emit(display_rows(rows), False, title=title, columns=JOB_COLUMNS)
     console.print(f"written: {out}")
+
+
+@app.command()
+def diff(
+    base: Path = typer.Argument(..., help="a report's JSON: report.json, summary.json or `koi bench report --json`"),
+    against: Path | None = typer.Option(None, "--against", help="another report's JSON (default: the cache's runs "
+                                                                "of the base's policies and seeds)"),
+    scenario: str | None = typer.Option(None, "--scenario", help="the scenario (default: the one the base names)"),
+    via: str = VIA,
+    cache_dir: Path | None = CACHE,
+    rel_tol: float = typer.Option(1e-9, "--rel-tol", min=0.0, help="numbers equal within this relative tolerance"),
+    abs_tol: float = typer.Option(0.0, "--abs-tol", min=0.0, help="… or within this absolute one"),
+    policies: str = typer.Option("all", "--policies", help="'all' (the base's) or comma-separated names: compare "
+                                                           "only these rows (and Koi's paired rows; not the claims)"),
+    limit: int = typer.Option(40, "--limit", min=1, help="differences to list"),
+    json_out: bool = JSON,
+) -> None:
+    """Does a benchmark reproduce? Compare a report's figures — every policy's mean and std of every metric,
+    Koi paired by seed, the claims — with another report or with the cached runs of the same policies and
+    seeds; exit 1 when any differs (wall seconds and kernels are not compared)."""
+    from koi.bench.diff import cached_counterpart, compare, restrict
+
+    _quiet(False)
+    docs = []
+    for p in (base, against):
+        if p is None:
+            continue
+        try:
+            docs.append(json.loads(p.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            fail(f"cannot read {p}: {exc}")
+            return
+    try:
+        if policies.strip().lower() != "all":
+            names = {p.strip() for p in policies.split(",") if p.strip()}
+            docs = [restrict(d, names) for d in docs]
+        if against is None:
+            cc = cached_counterpart(docs[0], scenario=scenario, cache_dir=str(cache_dir) if cache_dir else None,
+                                    via=via)
+            if cc.missing_runs:
+                miss = "; ".join(f"{p} seeds {', '.join(map(str, s))}" for p, s in sorted(cc.missing_runs.items()))
+                fail(f"the cache lacks runs the base was made of ({miss}); make them with `koi bench run` "
+                     f"(--policies, --seeds, --first-seed) and the same --cache-dir")
+                return
+            docs.append(cc.doc)
+        res = compare(docs[0], docs[1], rel_tol=rel_tol, abs_tol=abs_tol)
+    except (LookupError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+        return
+    if json_out:
+        emit({**res.model_dump(mode="json"), "equal": res.equal}, True)
+    else:
+        other = str(against) if against is not None else "the cached runs"
+        if res.equal:
+            console.print(f"[green]equal[/]: {res.scenario}, {res.compared:,} fields of {base} and {other} "
+                          f"(rel. tol {rel_tol:g}, abs. tol {abs_tol:g}; wall seconds and kernels not compared)")
+        else:
+            def show(x: Any) -> Any:
+                return f"{x:.10g}" if isinstance(x, float) else x
+
+            rows = [{"field": d.path, "base": show(d.base), "other": show(d.other),
+                     "Δ": "" if d.delta is None else f"{d.delta:+.6g}", "what": d.what} for d in res.differences[:limit]]
+            rows += [{"field": f"policies.{p}", "base": "(row)", "other": None, "Δ": "", "what": "missing"}
+                     for p in res.missing_policies]
+            emit(rows, False, title=f"{res.scenario}: {len(res.differences) + len(res.missing_policies)} of "
+                                    f"{res.compared:,} fields differ ({base} against {other})",
+                 columns=["field", "base", "other", "Δ", "what"])
+            if len(res.differences) > limit:
+                console.print(f"… and {len(res.differences) - limit} more (--limit, --json)")
+    if not res.equal:
+        raise typer.Exit(1)
 
 
 @app.command()
