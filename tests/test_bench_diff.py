@@ -149,6 +149,7 @@ def test_runs_the_cache_lacks_and_bad_files_fail_clearly(published, tmp_path):
     f.write_text(json.dumps(more), encoding="utf-8")
     res = _diff(str(f), "--scenario", str(path), "--cache-dir", str(cache))
     assert res.exit_code == 2 and "lacks runs" in res.output and "koi seeds 2" in res.output
+    assert f"koi bench run --scenario {path} --policies koi --seeds 1 --first-seed 2 --cache-dir {cache}" in " ".join(res.output.split())
     broken = tmp_path / "broken.json"
     broken.write_text("{not json", encoding="utf-8")
     res = _diff(str(broken), "--cache-dir", str(cache))

@@ -506,6 +506,17 @@ def jobs(
     console.print(f"written: {out}")
 
 
+def _run_commands(missing: dict[str, list[int]], scenario: Any, cache_dir: Path | None) -> list[str]:
+    """`koi bench run` commands that make the missing runs: policies grouped by their seeds, a seed range as
+    --seeds/--first-seed (a range with gaps makes the whole range; cached runs are not made again)."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for p, seeds in sorted(missing.items()):
+        groups.setdefault(tuple(sorted(seeds)), []).append(p)
+    tail = f" --cache-dir {cache_dir}" if cache_dir else ""
+    return [f"koi bench run --scenario {scenario} --policies {','.join(ps)} --seeds {ss[-1] - ss[0] + 1} "
+            f"--first-seed {ss[0]}{tail}" for ss, ps in groups.items()]
+
+
 @app.command()
 def diff(
     base: Path = typer.Argument(..., help="a report's JSON: report.json, summary.json or `koi bench report --json`"),
@@ -545,8 +556,9 @@ def diff(
                                     via=via)
             if cc.missing_runs:
                 miss = "; ".join(f"{p} seeds {', '.join(map(str, s))}" for p, s in sorted(cc.missing_runs.items()))
-                fail(f"the cache lacks runs the base was made of ({miss}); make them with `koi bench run` "
-                     f"(--policies, --seeds, --first-seed) and the same --cache-dir")
+                fail(f"the cache lacks runs the base was made of ({miss}); make them with "
+                     + " and ".join(f"`{c}`" for c in _run_commands(cc.missing_runs, scenario or docs[0].get("scenario"),
+                                                                   cache_dir)))
                 return
             docs.append(cc.doc)
         res = compare(docs[0], docs[1], rel_tol=rel_tol, abs_tol=abs_tol)
