@@ -111,6 +111,11 @@ def test_restricting_to_some_policies_keeps_their_paired_rows_and_drops_the_clai
     assert "paired" not in restrict(doc, {"bandit"})
     with pytest.raises(ValueError, match="no row of nonesuch"):
         restrict(doc, {"koi", "nonesuch"})
+    # the other side's lack of a chosen row is a missing row, not an error
+    fewer = copy.deepcopy(doc)
+    del fewer["policies"]["bandit"]
+    res = compare(restrict(doc, {"koi", "bandit"}), restrict(fewer, {"koi", "bandit"}, strict=False))
+    assert res.missing_policies == ["bandit"] and not res.equal
     with pytest.raises(ValueError, match="not a benchmark report"):
         compare({"scenario": "x"}, doc)
 

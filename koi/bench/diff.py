@@ -150,13 +150,14 @@ def compare(base: Mapping[str, Any], other: Mapping[str, Any], *, rel_tol: float
                       missing_policies=missing, only_in_other=extra, rel_tol=rel_tol, abs_tol=abs_tol)
 
 
-def restrict(doc: Mapping[str, Any], policies: Collection[str]) -> dict[str, Any]:
+def restrict(doc: Mapping[str, Any], policies: Collection[str], *, strict: bool = True) -> dict[str, Any]:
     """A report's JSON cut to some of its policies. Koi's paired rows stay for the chosen policies when Koi is
     one of them (each is Koi against one policy on their common seeds); the claims go (they compare Koi
-    with the best of all the policies)."""
+    with the best of all the policies). ``strict``: a policy the report lacks is an error (for the base;
+    the other side's lack shows as a missing row)."""
     d = normalise(doc)
     unknown = sorted(set(policies) - set(d["policies"]))
-    if unknown:
+    if unknown and strict:
         raise ValueError(f"the report has no row of {', '.join(unknown)} (it has {', '.join(sorted(d['policies']))})")
     out: dict[str, Any] = {k: v for k, v in doc.items() if k not in ("policies", "paired", "claims")}
     out["policies"] = {p: r for p, r in d["policies"].items() if p in policies}

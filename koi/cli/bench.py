@@ -550,7 +550,7 @@ def diff(
     try:
         if policies.strip().lower() != "all":
             names = {p.strip() for p in policies.split(",") if p.strip()}
-            docs = [restrict(d, names) for d in docs]
+            docs = [restrict(d, names, strict=i == 0) for i, d in enumerate(docs)]
         if against is None:
             cc = cached_counterpart(docs[0], scenario=scenario, cache_dir=str(cache_dir) if cache_dir else None,
                                     via=via)
