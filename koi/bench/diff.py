@@ -12,7 +12,8 @@ What is compared (every leaf of the base, by path):
   std of every metric;
 - ``paired.<policy>``: Koi against that policy, paired by seed (mean, standard error, wins/ties/losses
   of every paired metric) — per-seed differences, which equal means alone could hide;
-- ``claims.<claim> | <against>``: the paper's claims (value, target, met);
+- ``claims.<claim> | <against>``: the paper's claims (value, target, met), keyed by the claim's text and
+  the label of the policy it is against (a renamed policy shows as a missing claim);
 - the scenario's name, its file's digest and the horizon.
 
 Choices (the issue asks for reproducible results and says no more):
