@@ -84,3 +84,69 @@ def test_config_and_vectorised_streams_are_independent() -> None:
     assert res[V].verdict is Verdict.DIVERGED
     assert res["throughput_tokens_per_sec"].verdict is Verdict.MATCHED
     assert res[V].n == 50
+
+
+# ---- the long-run σ from the rank's past windows (windowed aggregates) -----------------------------------------
+def trailing_window_series(rng: np.random.Generator, n: int = 20, m: int = 8, s: float = 12.0) -> np.ndarray:
+    """A p99-like telemetry series: each sample aggregates the last m slices of independent noise (120 s / 15 s)."""
+    e = rng.normal(0.0, s, n + m - 1)
+    return np.convolve(e, np.ones(m) / m, mode="valid")
+
+
+@pytest.mark.parametrize("seed", range(7, 12))
+def test_trailing_window_noise_around_a_true_prediction_fires_without_the_long_run_sigma(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cfg = CusumConfig(rel_floor=0.0)
+    windows = [trailing_window_series(rng) for _ in range(200)]
+    means = [float(w.mean()) for w in windows]
+    old = [verdict(w, config=cfg) for w in windows]
+    new = [verdict(w, config=cfg, level_history={V: means[max(0, i - cfg.level_history):i]}) for i, w in enumerate(windows)]
+    far_old = old.count(Verdict.DIVERGED) / len(old)
+    far_new = new[cfg.level_history:].count(Verdict.DIVERGED) / (len(new) - cfg.level_history)
+    # first differences of a trailing aggregate see one slice in and one out: σ̂ ≈ s/m, far below the
+    # noise the sums carry, so a correct prediction diverges in most windows; the past windows' means
+    # give the long-run scale: the false-alarm rate falls near that of independent samples (≈ 6% per
+    # 20-sample window), the rest being the estimate's own noise from twelve past means
+    assert far_old > 0.9
+    assert far_new < 0.15
+    # before min_levels past windows exist nothing changes
+    assert new[: cfg.min_levels] == old[: cfg.min_levels]
+
+
+def test_a_bias_every_window_shares_is_still_caught() -> None:
+    # the model is off by the same +30 every window: the means' differences cancel it, so it does not
+    # raise its own threshold
+    rng = np.random.default_rng(8)
+    past = [30.0 + float(trailing_window_series(rng).mean()) for _ in range(8)]
+    res = run_cusum({V: (trailing_window_series(rng) + 30.0).tolist()}, {V: 100.0},
+                    config=CusumConfig(rel_floor=0.0), level_history={V: past})[V]
+    assert res.verdict is Verdict.DIVERGED
+
+
+def test_a_step_beyond_the_window_means_spread_is_caught_and_one_within_it_is_not() -> None:
+    rng = np.random.default_rng(9)
+    cfg = CusumConfig(rel_floor=0.0)
+    past = [float(trailing_window_series(rng).mean()) for _ in range(8)]
+    spread = robust_noise_sigma(np.asarray(past))
+    base = trailing_window_series(rng)
+    assert verdict(base + 6.0 * spread, config=cfg, level_history={V: past}) is Verdict.DIVERGED
+    assert verdict(base + 1.0 * spread, config=cfg, level_history={V: past}) is Verdict.MATCHED
+    res = run_cusum({V: base.tolist()}, {V: 100.0}, config=cfg, level_history={V: past})[V]
+    assert res.delta == pytest.approx(0.5 * np.sqrt(20) * spread)
+
+
+def test_cusum_history_from_rows_keeps_each_ranks_last_windows_in_tick_order() -> None:
+    from koi.domain.telemetry import CusumResult, EvidenceRow
+    from koi.evidence import cusum_history_from_rows
+
+    def row(tick: int, rank: str, mean: float, std: float) -> EvidenceRow:
+        c = CusumResult(variable=V, verdict=Verdict.MATCHED, s_plus=0.0, s_minus=0.0, delta=1.0, h=4.0,
+                        residual_mean=mean, residual_std=std, n=20)
+        return EvidenceRow(cluster_id="c", tick=tick, job_id="j", rank_id=rank, env_id="e", n_samples=20, cusum=[c])
+
+    rows = [row(t, "a", float(t), 10.0 + t) for t in (5, 1, 3, 2, 4, 9)] + [row(2, "b", -1.0, 1.0)]
+    cfg = CusumConfig(level_history=3, sigma_history=2)
+    h = cusum_history_from_rows(rows, before_tick=9, config=cfg)
+    assert h["level_history"]["a"][V] == [3.0, 4.0, 5.0]  # tick 9 is not before itself; oldest first
+    assert h["sigma_history"]["a"][V] == [14.0, 15.0]
+    assert h["level_history"]["b"][V] == [-1.0]

@@ -106,3 +106,21 @@ def test_learning_metrics_count_quadrants() -> None:
     assert m.q1_rate == pytest.approx(0.4)
     assert m.decisive_tests == 0 and m.decisive_support_share is None  # nothing has passed ICP gates yet
     assert m.icp_accept_rate == 0.0 and m.exercised_edges == 2
+
+
+def test_a_batch_ranks_ttft_is_not_compared() -> None:
+    # the simulator counts a batch request's TTFT from the job's submission; the surrogate predicts the
+    # engine's steady state: 30x apart by construction, so S2 leaves it out (koi.variables.NOT_COMPARABLE)
+    inp = inputs_for(0.0, 30.0)
+    rid = next(iter(inp.telemetry))
+    (online,) = validate(inp)
+    assert "p99_ttft_ms" in online.residuals
+    assert {c.variable: c.verdict for c in online.cusum}["p99_ttft_ms"] is Verdict.DIVERGED
+    batch_ctx = inp.ranks[0].model_copy(update={"features": {"job_class": "batch"}})
+    (batch,) = validate(inp.model_copy(update={"ranks": [batch_ctx]}))
+    assert "p99_ttft_ms" not in batch.residuals
+    assert "p99_ttft_ms" not in {c.variable for c in batch.cusum}
+    assert {c.variable for c in batch.cusum} == {"kv_pressure_score", "throughput_tokens_per_sec"}
+    # the mechanism's Y bundle (TTFT) is not observed on the batch rank: not decided there
+    assert online.mechanisms and not batch.mechanisms
+    assert rid == batch.rank_id

@@ -43,6 +43,38 @@ def test_serving_ranks_get_one_record_per_tick_and_a_retry_adds_none(engine):
     assert out[last].observe.n_windows >= len(by_tick[last])
 
 
+def test_batch_records_leave_out_ttft_which_counts_the_jobs_backlog(engine, monkeypatch):
+    # a batch request's TTFT is counted from the job's submission (koi.variables.NOT_COMPARABLE):
+    # learned from, minutes of backlog would drag the GPU- and environment-level TTFT corrections
+    # of the online jobs on the same hardware. The demo's batch jobs finish before a rank settles,
+    # so the served windows of tick 3 are replayed once as they are and once with every job batch.
+    import dataclasses
+
+    from koi.domain import ClusterSnapshot, JobClass
+    from koi.evidence import perfdb
+    from koi.store import Stage, load_stage_model
+
+    rt = Runtime(engine=engine, world=sim_world_provider(), interval_s=300.0)
+    run_ticks(rt, CLUSTER, 4, jobs=[j.job for j in load_scenario("demo").jobs])
+    with session_scope(engine) as s:
+        snap = load_stage_model(s, CLUSTER, 3, Stage.S0_SNAPSHOT, ClusterSnapshot)
+        served = perfdb.served_windows(s, CLUSTER, 3, snap, settled=perfdb.SETTLED_WINDOWS)
+        online = perfdb.build_records(s, CLUSTER, 3, snap)
+
+        def as_batch(sv):
+            job = sv.job.job.model_copy(update={"job_class": JobClass.BATCH})
+            return dataclasses.replace(sv, job=sv.job.model_copy(update={"job": job}))
+
+        monkeypatch.setattr(perfdb, "served_windows", lambda *a, **k: [as_batch(sv) for sv in served])
+        batch = perfdb.build_records(s, CLUSTER, 3, snap)
+    assert online and len(batch) == len(online)
+    assert all("p99_ttft_ms" in r.observed_y and "p99_ttft_ms" in r.predicted for r in online)
+    assert all("p99_ttft_ms" not in r.observed_y and "p99_ttft_ms" not in r.predicted for r in batch)
+    for b, o in zip(batch, online, strict=True):  # everything else is recorded as for an online rank
+        assert b.observed_y == {k: v for k, v in o.observed_y.items() if k != "p99_ttft_ms"}
+        assert b.observed_v == o.observed_v
+
+
 def test_record_perf_can_be_switched_off(engine):
     rt = Runtime(engine=engine, world=sim_world_provider(), interval_s=300.0, record_perf=False)
     run_ticks(rt, CLUSTER, 3, jobs=[j.job for j in load_scenario("demo").jobs])

@@ -436,7 +436,7 @@ class IncrementalS2:
         from koi.evidence import store as ev
         from koi.evidence.cusum import CusumConfig
         from koi.evidence.icp import IcpConfig
-        from koi.evidence.validate import ValidateInputs, sigma_history_from_rows, validate_detailed
+        from koi.evidence.validate import ValidateInputs, cusum_history_from_rows, validate_detailed
         from koi.store import Stage, get_telemetry, load_stage_model, save_evidence
 
         icp_cfg, cus_cfg = IcpConfig(), CusumConfig()
@@ -448,11 +448,11 @@ class IncrementalS2:
         mechanisms = load_registry(session, cluster_id, tick - 1)
         cusum_table = ev._cusum_table(session, cluster_id, tick - 1)
         history, past_rows = self._history(session, cluster_id, tick, icp_cfg.window_ticks)
-        sigma = sigma_history_from_rows((r for r in past_rows if r.rank_id in telemetry), tick, cus_cfg.sigma_history)
+        cusum_hist = cusum_history_from_rows((r for r in past_rows if r.rank_id in telemetry), tick, cus_cfg)
         inputs = ValidateInputs(
             cluster_id=cluster_id, tick=tick, ranks=ranks, predictions=predictions, telemetry=telemetry,
             mechanisms=sorted(mechanisms.values(), key=lambda m: m.mechanism_id), cusum_table=cusum_table,
-            icp_history=history, sigma_history=sigma, cusum_config=cus_cfg, icp_config=icp_cfg,
+            icp_history=history, **cusum_hist, cusum_config=cus_cfg, icp_config=icp_cfg,
         )  # fmt: skip
         out = validate_detailed(inputs)
         if out.rows:

@@ -114,7 +114,7 @@ from koi.evidence.cusum import CusumConfig, CusumTable
 from koi.evidence.icp import IcpConfig, IcpSample
 from koi.evidence.metrics import learning_metrics
 from koi.evidence.store import rank_contexts
-from koi.evidence.validate import ValidateInputs, sigma_history_from_rows, validate_detailed
+from koi.evidence.validate import ValidateInputs, cusum_history_from_rows, validate_detailed
 from koi.logging import get_logger
 from koi.surrogate import ProfileBook, RankPrediction, ResidualModel, Surrogate
 
@@ -123,7 +123,7 @@ log = get_logger(__name__)
 _VY = frozenset(variables.V_NAMES + variables.Y_NAMES)
 #: What the simulator measures for a job class differently from what the surrogate predicts
 #: (module docstring, "Batch TTFT"): left out of that class's stored predictions and PerfDB records.
-NOT_COMPARABLE: dict[JobClass, frozenset[str]] = {JobClass.BATCH: frozenset({"p99_ttft_ms"})}
+NOT_COMPARABLE = variables.NOT_COMPARABLE
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
@@ -297,13 +297,13 @@ class LearnLoop:
         self.recent_rows = [r for r in self.recent_rows if lo <= r.tick < t]
         with session_scope(self.engine) as s:
             registry = load_registry(s, cid, t - 1)
-        sigma = sigma_history_from_rows((r for r in self.recent_rows if r.rank_id in telemetry), t,
-                                        self.cusum_cfg.sigma_history)
+        cusum_hist = cusum_history_from_rows((r for r in self.recent_rows if r.rank_id in telemetry), t,
+                                             self.cusum_cfg)
         inputs = ValidateInputs(
             cluster_id=cid, tick=t, ranks=rank_contexts(snap),
             predictions={rid: self.stored_preds[rid] for rid in telemetry if rid in self.stored_preds},
             telemetry=telemetry, mechanisms=sorted(registry.values(), key=lambda m: m.mechanism_id),
-            cusum_table=self.cusum_table, icp_history=list(self.icp_samples), sigma_history=sigma,
+            cusum_table=self.cusum_table, icp_history=list(self.icp_samples), **cusum_hist,
             cusum_config=self.cusum_cfg, icp_config=self.icp_cfg,
         )
         out = validate_detailed(inputs)

@@ -13,6 +13,28 @@ Choices where the spec is vague (and why):
 - **σ history**: σ is the median of this window's estimate and the rank's last
   ``sigma_history`` windows (whitepaper: "σ from that variable's residual history");
   a new rank self-calibrates on its own window (the spec's cold-start fallback).
+- **Long-run σ from the rank's past windows.** The sums accumulate *every* sample, so the
+  σ that sets δ and h must be the residual stream's long-run σ (√ of n × the variance of a
+  window's mean), not the sample-to-sample one. For a series of independent samples the two
+  agree; for one that is an aggregate over a trailing window longer than the sampling
+  interval — the p99 latencies over 120 s sampled every 15 s, cost per token over 120 s of
+  throughput, the SLO margin built on them — consecutive samples share most of their
+  requests, the first differences see one 15-s slice entering and one leaving (a windowed
+  p99 mostly does not move at all: MAD 0), and the within-window σ̂ falls far below the
+  noise the sums really carry. Measured on the oracle's predictions (the simulator's true
+  performance, hetero-3h seed 0, median bias 0.3%), the within-window σ made p99 TTFT
+  diverge in 78% of rank-windows, p99 TPOT and cost per token in 62%
+  (``benchmarks/cusum_false_alarms.py``). So, once the rank has ``min_levels`` past windows,
+  σ is also at least √n × the robust spread of the rank's window-mean residuals (the same
+  1.4826·MAD of first differences / √2, over its last ``level_history`` windows): how far a
+  five-minute window's mean strays from the prediction when nothing is wrong (arrivals
+  fluctuate, a p99 rides on a few requests). Differencing the means keeps what made the
+  within-window estimate blind to bias: a constant error cancels, a step is one outlier the
+  MAD ignores, so a model that is wrong by the same amount every window does not raise its
+  own threshold. The current window is not in its own history. A window offset b then
+  fires when b ≳ (0.5 + 4/n)·√n ≈ 3σ of a window mean (n = 20); isolated spikes still
+  cannot (the clip below). The spec's "σ from that variable's residual history" reads both
+  ways; this one is the scale on which the spec's 0.5σ / 4σ make sense for windowed series.
 - **σ floor**: σ ≥ ``rel_floor`` × scale(variable, prediction) (:mod:`koi.evidence.scales`).
   Without it a noise-free series (σ̂ = 0) makes any error, however small, diverge.
   With the default 5% floor, a noise-free window of 30 samples flags a sustained bias
@@ -62,6 +84,8 @@ class CusumConfig(KoiModel):
     rel_floor: float = Field(default=0.05, ge=0, description="σ ≥ rel_floor × scale(variable, prediction)")
     clip_k: float = Field(default=1.5, gt=0, description="residuals enter the sums clipped to ±clip_k·σ")
     sigma_history: int = Field(default=5, ge=0, description="past windows of the rank pooled into σ")
+    level_history: int = Field(default=12, ge=0, description="past windows' mean residuals behind the long-run σ")
+    min_levels: int = Field(default=4, ge=3, description="past windows needed before the long-run σ applies")
     min_samples: int = Field(default=8, ge=1, description="windows shorter than this decide no mechanism")
 
 
@@ -83,6 +107,14 @@ def robust_noise_sigmas(R: np.ndarray) -> np.ndarray:
     d = np.diff(R, axis=1)
     mad = np.median(np.abs(d - np.median(d, axis=1, keepdims=True)), axis=1)
     return MAD_TO_SIGMA * mad / math.sqrt(2.0)
+
+
+def long_run_sigma(levels: Sequence[float], n: int, config: CusumConfig) -> float:
+    """√n × the robust spread of past windows' mean residuals; 0 until ``min_levels`` windows exist."""
+    vals = [float(x) for x in levels if math.isfinite(x)][-config.level_history:] if config.level_history else []
+    if len(vals) < config.min_levels:
+        return 0.0
+    return math.sqrt(n) * robust_noise_sigma(np.asarray(vals))
 
 
 def pooled_sigma(window_sigma: float, history: Sequence[float] = ()) -> float:
@@ -120,8 +152,13 @@ def run_cusum(
     table: CusumTable | None = None,
     config: CusumConfig | None = None,
     sigma_history: Mapping[str, Sequence[float]] | None = None,
+    level_history: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, CusumResult]:
-    """CUSUM verdicts for every variable with residuals; pure and deterministic."""
+    """CUSUM verdicts for every variable with residuals; pure and deterministic.
+
+    ``sigma_history`` holds the rank's past windows' within-window σ̂ and ``level_history``
+    their mean residuals (oldest first), per variable.
+    """
     table = table or CusumTable()
     config = config or CusumConfig()
     names = sorted(residuals)
@@ -136,7 +173,8 @@ def run_cusum(
     for i, v in enumerate(names):
         hist = list((sigma_history or {}).get(v, ()))[-config.sigma_history:] if config.sigma_history else []
         floor = config.rel_floor * scale(v, predicted.get(v, 0.0))
-        sigma[i] = max(pooled_sigma(sig_w[i], hist), floor, 1e-300)
+        lr = long_run_sigma((level_history or {}).get(v, ()), n, config)
+        sigma[i] = max(pooled_sigma(sig_w[i], hist), lr, floor, 1e-300)
     dk = np.array([table.get(v).delta_k for v in names])
     hk = np.array([table.get(v).h_k for v in names])
     delta, h = dk * sigma, hk * sigma

@@ -26,6 +26,12 @@ reclaim overloaded its other rank; its windows taught the learner that every lad
 job breaches, and the job kept the overloaded ladder for the rest of the run (15% of its
 requests on time). The planner sees such a rank through its degraded replicas and the demand it
 cannot carry, not through PerfDB. Batch ranks run saturated by design and are kept.
+
+Choice: a batch rank's record leaves out p99 TTFT (:data:`koi.variables.NOT_COMPARABLE`), as
+``koi learn`` always did: its telemetry counts a batch request's TTFT from the job's submission
+(hetero-3h: 13–28 minutes observed against the physics' steady state, ratios 0.6–39×), and the
+output learner would carry that, clipped at ×3, into the GPU- and environment-level TTFT
+corrections of every online job on the same hardware.
 """
 
 from __future__ import annotations
@@ -160,7 +166,10 @@ def build_records(session: Any, cluster_id: str, tick: int, snapshot: ClusterSna
             continue
         if not bool(b.feasible[0]):
             continue
-        base = {k: float(v[0]) for k, v in b.base_values.items() if k in _ALLOWED and math.isfinite(float(v[0]))}
+        drop = variables.NOT_COMPARABLE.get(job.job_class, frozenset())
+        oy = {k: v for k, v in oy.items() if k not in drop}
+        base = {k: float(v[0]) for k, v in b.base_values.items()
+                if k in _ALLOWED and k not in drop and math.isfinite(float(v[0]))}
         out.append(PerfRecord.of(cluster_id, tick, job, rank, observed_v=ov, observed_y=oy, predicted=base,
                                  n_samples=sv.window.n_samples))
     return out

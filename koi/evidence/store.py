@@ -30,7 +30,7 @@ from koi.domain.cluster import ClusterSnapshot
 from koi.domain.telemetry import EvidenceRow, Prediction, TelemetryWindow
 from koi.evidence.cusum import CusumConfig, CusumTable
 from koi.evidence.icp import IcpConfig, IcpSample, icp_history_from
-from koi.evidence.validate import RankContext, ValidateInputs, sigma_history_from_rows, validate_detailed
+from koi.evidence.validate import RankContext, ValidateInputs, cusum_history_from_rows, validate_detailed
 from koi.logging import get_logger
 
 log = get_logger(__name__)
@@ -126,11 +126,11 @@ def build_inputs(
     if cusum_table is None:
         cusum_table = _cusum_table(session, cluster_id, tick - 1)
     history, past_rows = load_icp_history(session, cluster_id, tick, icp_cfg.window_ticks)
-    sigma_hist = sigma_history_from_rows((r for r in past_rows if r.rank_id in telemetry), tick, cus_cfg.sigma_history)
+    cusum_hist = cusum_history_from_rows((r for r in past_rows if r.rank_id in telemetry), tick, cus_cfg)
     return ValidateInputs(
         cluster_id=cluster_id, tick=tick, ranks=ranks, predictions=dict(predictions), telemetry=dict(telemetry),
         mechanisms=sorted(mechanisms.values(), key=lambda m: m.mechanism_id), cusum_table=cusum_table,
-        icp_history=history, sigma_history=sigma_hist, cusum_config=cus_cfg, icp_config=icp_cfg,
+        icp_history=history, **cusum_hist, cusum_config=cus_cfg, icp_config=icp_cfg,
     )
 
 

@@ -8,7 +8,12 @@ whose scope the rank satisfies filters them through its own bundle into its own
 
 Choices where the spec is vague (and why):
 - **Residuals** r_k = observed_k − predicted for every variable the rank both reported
-  and had predicted (the prediction is a scalar, broadcast over the sub-tick samples).
+  and had predicted (the prediction is a scalar, broadcast over the sub-tick samples),
+  except what the rank's job class does not compare (:data:`koi.variables.NOT_COMPARABLE`:
+  a batch rank's TTFT counts the job's backlog from submission; compared, it diverged in
+  every batch window and left every TTFT mechanism on batch ranks in Q2/Q4).
+- **CUSUM history**: each rank's last windows' σ̂ and mean residuals
+  (:func:`cusum_history_from_rows`) give the CUSUM its noise scale (:mod:`koi.evidence.cusum`).
 - **Bundle verdict.** A mechanism's V bundle is DIVERGED if *any* of its mediators
   diverged, likewise its Y bundle: the mechanism claims all its mediators and outcomes,
   so one failed claim is a failed bundle.
@@ -33,6 +38,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from koi import variables
 from koi.causal.mechanisms import Mechanism, applies
 from koi.domain.common import KoiModel
 from koi.domain.telemetry import (
@@ -71,7 +77,10 @@ class ValidateInputs(KoiModel):
     cusum_table: CusumTable = Field(default_factory=CusumTable)
     icp_history: list[IcpSample] = Field(default_factory=list, description="samples of past ticks (see icp_history_from)")
     sigma_history: dict[str, dict[str, list[float]]] = Field(
-        default_factory=dict, description="rank_id → variable → past windows' robust σ (see sigma_history_from_rows)"
+        default_factory=dict, description="rank_id → variable → past windows' robust σ (see cusum_history_from_rows)"
+    )
+    level_history: dict[str, dict[str, list[float]]] = Field(
+        default_factory=dict, description="rank_id → variable → past windows' mean residual (see cusum_history_from_rows)"
     )
     cusum_config: CusumConfig = Field(default_factory=CusumConfig)
     icp_config: IcpConfig = Field(default_factory=IcpConfig)
@@ -106,6 +115,15 @@ def residuals_of(window: TelemetryWindow, prediction: Prediction) -> dict[str, l
     return {n: (np.asarray(window.series[n], dtype=float) - float(prediction.values[n])).tolist() for n in names}
 
 
+def comparable_residuals(window: TelemetryWindow, prediction: Prediction,
+                         ctx: RankContext | None) -> dict[str, list[float]]:
+    """:func:`residuals_of` without the series the rank's job class does not compare
+    (:data:`koi.variables.NOT_COMPARABLE`: a batch rank's TTFT counts the job's backlog)."""
+    res = residuals_of(window, prediction)
+    drop = variables.NOT_COMPARABLE.get(str(ctx.features.get("job_class", ""))) if ctx is not None else None
+    return {k: v for k, v in res.items() if k not in drop} if drop else res
+
+
 def _validate_rank(inp: ValidateInputs, ctx: RankContext | None, window: TelemetryWindow,
                    mechanisms: list[Mechanism]) -> EvidenceRow:
     pred = inp.predictions.get(window.rank_id)
@@ -117,9 +135,9 @@ def _validate_rank(inp: ValidateInputs, ctx: RankContext | None, window: Telemet
         log.info("s2.rank_untestable", cluster=inp.cluster_id, tick=inp.tick, job=window.job_id,
                  rank=window.rank_id, reason="no prediction" if pred is None else "no samples")
         return row
-    res = residuals_of(window, pred)
+    res = comparable_residuals(window, pred, ctx)
     results = run_cusum(res, pred.values, inp.cusum_table, inp.cusum_config,
-                        inp.sigma_history.get(window.rank_id))
+                        inp.sigma_history.get(window.rank_id), inp.level_history.get(window.rank_id))
     row.residuals = res
     row.cusum = [results[k] for k in sorted(results)]
     if ctx is None or window.n_samples < inp.cusum_config.min_samples:
@@ -161,8 +179,9 @@ def validate(inputs: ValidateInputs) -> list[EvidenceRow]:
     return validate_detailed(inputs).rows
 
 
-def sigma_history_from_rows(rows: Iterable[EvidenceRow], before_tick: int, k: int = 5) -> dict[str, dict[str, list[float]]]:
-    """rank → variable → the robust σ of its last ``k`` windows before ``before_tick`` (oldest first)."""
+def _history_from_rows(rows: Iterable[EvidenceRow], before_tick: int, k: int,
+                       field: str) -> dict[str, dict[str, list[float]]]:
+    """rank → variable → ``field`` of its CUSUM results in its last ``k`` rows before ``before_tick``."""
     per: dict[str, list[EvidenceRow]] = {}
     for r in rows:
         if r.tick < before_tick:
@@ -173,6 +192,19 @@ def sigma_history_from_rows(rows: Iterable[EvidenceRow], before_tick: int, k: in
         hist: dict[str, list[float]] = {}
         for r in rs:
             for c in r.cusum:
-                hist.setdefault(c.variable, []).append(c.residual_std)
+                hist.setdefault(c.variable, []).append(float(getattr(c, field)))
         out[rid] = hist
     return out
+
+
+def sigma_history_from_rows(rows: Iterable[EvidenceRow], before_tick: int, k: int = 5) -> dict[str, dict[str, list[float]]]:
+    """rank → variable → the robust σ of its last ``k`` windows before ``before_tick`` (oldest first)."""
+    return _history_from_rows(rows, before_tick, k, "residual_std")
+
+
+def cusum_history_from_rows(rows: Iterable[EvidenceRow], before_tick: int,
+                            config: CusumConfig) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """The ``sigma_history`` and ``level_history`` of :class:`ValidateInputs` from past evidence rows."""
+    rows = list(rows)
+    return {"sigma_history": _history_from_rows(rows, before_tick, config.sigma_history, "residual_std"),
+            "level_history": _history_from_rows(rows, before_tick, config.level_history, "residual_mean")}
