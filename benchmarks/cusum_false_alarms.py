@@ -13,9 +13,13 @@ pairs them; batch TTFT left out as S2 leaves it out), keeping each rank's histor
 pipeline keeps it in its evidence rows, under two configurations:
 
 - ``within``: σ from the window's own first differences pooled with the rank's last windows'
-  (``CusumConfig(level_history=0)``, the estimator before the long-run σ);
+  (``CusumConfig(level_history=0)``: no long-run σ, the estimator before it existed);
 - ``long-run``: the default :class:`koi.evidence.CusumConfig`, which also takes σ ≥ √n × the
-  robust spread of the rank's past windows' mean residuals once it has ``min_levels`` of them.
+  robust spread of the rank's past windows' mean residuals once it has ``min_levels`` of them,
+  and the fleet's relative long-run σ until then.
+
+It runs S2 itself (:func:`koi.evidence.validate`, without mechanisms), so a window that holds
+its rank's launch gets no verdict in either configuration.
 
 It prints the DIVERGED share per variable, for all windows and for the windows of ranks with at
 least ``min_levels`` past windows (a new rank has no level history yet), and ``--json`` the same
@@ -30,9 +34,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from koi.domain import ClusterSnapshot, EvidenceRow
-from koi.evidence import CusumConfig, cusum_history_from_rows, rank_contexts, run_cusum
+from koi.evidence import CusumConfig, ValidateInputs, cusum_history_from_rows, rank_contexts, validate
 from koi.evidence.store import load_predictions_before
-from koi.evidence.validate import comparable_residuals
 from koi.store import Stage, get_telemetry, load_stage_model, make_engine, session_scope
 
 CONFIGS = {"within": CusumConfig(level_history=0), "long-run": CusumConfig()}
@@ -67,35 +70,25 @@ def replay(store: str, cluster: str | None = None) -> dict:
         for tick in ticks:
             windows = {w.rank_id: w for w in get_telemetry(s, cluster, tick)}
             snap = load_stage_model(s, cluster, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
-            ctx = {r.rank_id: r for r in rank_contexts(snap)} if snap is not None else {}
+            prev = load_stage_model(s, cluster, tick - 1, Stage.S0_SNAPSHOT, ClusterSnapshot) if tick else None
             idx = load_predictions_before(s, cluster, tick, windows)
-            # a window is "warm" when its rank has min_levels past windows (the long-run σ can apply)
+            predictions = {rid: p for rid in windows if (p := idx.before(rid, tick)) is not None}
+            # a window is "warm" when its rank has min_levels past windows of its own
             past = cusum_history_from_rows(history["long-run"], tick, CONFIGS["long-run"])["level_history"]
             for name, cfg in CONFIGS.items():
-                hist = cusum_history_from_rows(history[name], tick, cfg)
-                for rid, w in sorted(windows.items()):
-                    pred = idx.before(rid, tick)
-                    if pred is None or w.n_samples < cfg.min_samples:
-                        continue
-                    res = comparable_residuals(w, pred, ctx.get(rid))
-                    if not res:
-                        continue
-                    levels = hist["level_history"].get(rid, {})
-                    out = run_cusum(res, pred.values, None, cfg, hist["sigma_history"].get(rid), levels)
-                    for v, r in out.items():
-                        diverged = int(r.verdict.value == "diverged")
-                        warm = len(past.get(rid, {}).get(v, ())) >= CONFIGS["long-run"].min_levels
-                        keys = ["all", "warm"] if warm else ["all"]
-                        for k in keys:
-                            counts[name][v][k][0] += diverged
-                            counts[name][v][k][1] += 1
-                    history[name].append(EvidenceRow(cluster_id=cluster, tick=tick, job_id=w.job_id, rank_id=rid,
-                                                     env_id=w.env_id, n_samples=w.n_samples,
-                                                     cusum=[out[v] for v in sorted(out)]))
-            # the pipeline reads the rank's last windows only; keep the history as short
-            keep = max(c.level_history for c in CONFIGS.values()) + 1
-            for name in CONFIGS:
-                history[name] = [r for r in history[name] if r.tick > tick - keep]
+                inputs = ValidateInputs(  # S2 itself, without mechanisms: only the CUSUM verdicts matter here
+                    cluster_id=cluster, tick=tick, ranks=rank_contexts(snap, prev) if snap is not None else [],
+                    predictions=predictions, telemetry=windows, cusum_config=cfg,
+                    **cusum_history_from_rows(history[name], tick, cfg))
+                rows = validate(inputs)
+                for row in rows:
+                    for r in row.cusum:
+                        warm = len(past.get(row.rank_id, {}).get(r.variable, ())) >= CONFIGS["long-run"].min_levels
+                        for k in ("all", "warm") if warm else ("all",):
+                            counts[name][r.variable][k][0] += int(r.verdict.value == "diverged")
+                            counts[name][r.variable][k][1] += 1
+                keep = cfg.level_history + 1  # the pipeline reads each rank's last windows only
+                history[name] = [r for r in history[name] if r.tick > tick - keep] + rows
     share = lambda d, n: None if n == 0 else round(d / n, 4)  # noqa: E731
     return {
         "store": store, "cluster": cluster, "ticks": len(ticks),

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from koi.domain.telemetry import Verdict
-from koi.evidence.cusum import CusumConfig, CusumEntry, CusumTable, robust_noise_sigma, run_cusum
+from koi.evidence.cusum import (
+    CusumConfig,
+    CusumEntry,
+    CusumTable,
+    fleet_relative_sigma,
+    long_run_sigma,
+    robust_noise_sigma,
+    run_cusum,
+)
 
 V = "p99_ttft_ms"
 
@@ -150,3 +158,29 @@ def test_cusum_history_from_rows_keeps_each_ranks_last_windows_in_tick_order() -
     assert h["level_history"]["a"][V] == [3.0, 4.0, 5.0]  # tick 9 is not before itself; oldest first
     assert h["sigma_history"]["a"][V] == [14.0, 15.0]
     assert h["level_history"]["b"][V] == [-1.0]
+
+
+def test_fleet_relative_sigma_is_the_median_over_ranks_with_history() -> None:
+    cfg = CusumConfig()
+    rng = np.random.default_rng(10)
+    hist = [list(rng.normal(0, s, 8)) for s in (2.0, 4.0, 8.0)]
+    streams = [(V, h, 20, 100.0) for h in hist] + [(V, [1.0, 2.0], 20, 100.0)]  # the last: too short
+    rel = [long_run_sigma(h, 20, cfg) / 100.0 for h in hist]
+    assert fleet_relative_sigma(streams, cfg) == {V: pytest.approx(float(np.median(rel)))}
+    assert fleet_relative_sigma([(V, [1.0, 2.0], 20, 100.0)], cfg) == {}
+
+
+def test_a_new_rank_borrows_the_fleet_sigma_until_it_has_its_own() -> None:
+    rng = np.random.default_rng(11)
+    cfg = CusumConfig(rel_floor=0.0)
+    windows = [trailing_window_series(rng) for _ in range(100)]
+    spread = float(np.std([w.mean() for w in windows]))
+    fleet = {V: np.sqrt(20) * spread / 100.0}  # relative to the prediction's scale (100)
+    cold = [verdict(w, config=cfg) for w in windows]
+    borrowed = [verdict(w, config=cfg, fleet_sigma=fleet) for w in windows]
+    assert cold.count(Verdict.DIVERGED) > 80 and borrowed.count(Verdict.DIVERGED) < 10
+    # the rank's own history, once it has min_levels windows, is used instead of the fleet's
+    own = [0.0, 100.0, 30.0, 150.0, 20.0]  # a rank whose window means swing far more than the fleet's
+    res = run_cusum({V: windows[0].tolist()}, {V: 100.0}, config=cfg, level_history={V: own}, fleet_sigma=fleet)[V]
+    assert long_run_sigma(own, 20, cfg) > 2 * fleet[V] * 100.0
+    assert res.delta == pytest.approx(0.5 * long_run_sigma(own, 20, cfg))

@@ -124,3 +124,35 @@ def test_a_batch_ranks_ttft_is_not_compared() -> None:
     # the mechanism's Y bundle (TTFT) is not observed on the batch rank: not decided there
     assert online.mechanisms and not batch.mechanisms
     assert rid == batch.rank_id
+
+
+def test_a_window_that_holds_the_ranks_launch_decides_nothing() -> None:
+    # boot, then the backlog that queued meanwhile: on the oracle's true predictions every such
+    # window diverged in every variable, charging each new ladder's mechanisms for being new
+    inp = inputs_for(0.0, 0.0)
+    launching = inp.ranks[0].model_copy(update={"launching": True})
+    (row,) = validate(inp.model_copy(update={"ranks": [launching]}))
+    assert row.residuals and not row.cusum and not row.mechanisms
+    (settled,) = validate(inp)
+    assert settled.cusum and settled.mechanisms
+
+
+def test_rank_contexts_mark_ranks_not_serving_at_the_previous_tick_as_launching() -> None:
+    from koi.domain import ClusterSnapshot
+    from koi.domain.cluster import DeploymentState
+    from koi.evidence import rank_contexts
+    from koi.planning.synthetic import synthetic_snapshot
+
+    snap = synthetic_snapshot(n_jobs=6, n_gpus=64, n_envs=4, seed=0, active_fraction=1.0)
+    deps = [d for d in snap.deployments if d.is_live]
+    assert len(deps) >= 2
+    up, booting = deps[0], deps[1]
+    prev = ClusterSnapshot(cluster_id=snap.cluster_id, tick=snap.tick, now=snap.now, jobs=snap.jobs, deployments=[
+        up.model_copy(update={"state": DeploymentState.SERVING, "replicas_ready": 1}),
+        booting.model_copy(update={"state": DeploymentState.LAUNCHING, "replicas_ready": 0}),
+    ])
+    ctx = {r.rank_id: r for r in rank_contexts(snap, prev)}
+    assert ctx[up.rank_id].launching is False
+    assert ctx[booting.rank_id].launching is True
+    assert all(r.launching for rid, r in ctx.items() if rid not in (up.rank_id, booting.rank_id))
+    assert not any(r.launching for r in rank_contexts(snap))  # no previous snapshot: nothing known

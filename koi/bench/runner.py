@@ -442,7 +442,8 @@ class IncrementalS2:
         icp_cfg, cus_cfg = IcpConfig(), CusumConfig()
         telemetry = {w.rank_id: w for w in get_telemetry(session, cluster_id, tick)}
         snapshot = load_stage_model(session, cluster_id, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
-        ranks = ev.rank_contexts(snapshot) if snapshot is not None else []
+        previous = load_stage_model(session, cluster_id, tick - 1, Stage.S0_SNAPSHOT, ClusterSnapshot) if tick else None
+        ranks = ev.rank_contexts(snapshot, previous) if snapshot is not None else []
         idx = ev.load_predictions_before(session, cluster_id, tick, telemetry)
         predictions = {rid: p for rid in telemetry if (p := idx.before(rid, tick)) is not None}
         mechanisms = load_registry(session, cluster_id, tick - 1)

@@ -35,6 +35,14 @@ Choices where the spec is vague (and why):
   fires when b ≳ (0.5 + 4/n)·√n ≈ 3σ of a window mean (n = 20); isolated spikes still
   cannot (the clip below). The spec's "σ from that variable's residual history" reads both
   ways; this one is the scale on which the spec's 0.5σ / 4σ make sense for windowed series.
+- **A new rank borrows the fleet's long-run σ.** Until a rank has ``min_levels`` windows of
+  its own, its long-run σ is the median, over this tick's ranks that have them, of each
+  rank's long-run σ relative to its prediction's scale (:func:`fleet_relative_sigma`),
+  times its own prediction's scale: an empirical-Bayes prior, so a new ladder is judged on
+  the noise every windowed series shows instead of on its smooth first differences (on the
+  oracle's predictions its first windows otherwise diverged in 65–97% of cases for p99 TTFT,
+  against 16% once it had history). A rank's own history replaces the prior as soon as it
+  exists; a fleet with no history yet has no prior.
 - **σ floor**: σ ≥ ``rel_floor`` × scale(variable, prediction) (:mod:`koi.evidence.scales`).
   Without it a noise-free series (σ̂ = 0) makes any error, however small, diverge.
   With the default 5% floor, a noise-free window of 30 samples flags a sustained bias
@@ -53,7 +61,7 @@ Choices where the spec is vague (and why):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -117,6 +125,21 @@ def long_run_sigma(levels: Sequence[float], n: int, config: CusumConfig) -> floa
     return math.sqrt(n) * robust_noise_sigma(np.asarray(vals))
 
 
+def fleet_relative_sigma(streams: Iterable[tuple[str, Sequence[float], int, float]],
+                         config: CusumConfig) -> dict[str, float]:
+    """variable → median over streams with ``min_levels`` past windows of long-run σ / scale(prediction).
+
+    ``streams`` holds (variable, past windows' mean residuals, samples in this window, prediction),
+    one per rank and variable; those without enough history are skipped.
+    """
+    rel: dict[str, list[float]] = {}
+    for var, levels, n, pred in streams:
+        lr = long_run_sigma(levels, n, config)
+        if lr > 0:
+            rel.setdefault(var, []).append(lr / scale(var, pred))
+    return {v: float(np.median(xs)) for v, xs in sorted(rel.items())}
+
+
 def pooled_sigma(window_sigma: float, history: Sequence[float] = ()) -> float:
     vals = [float(x) for x in history if math.isfinite(x) and x >= 0] + [window_sigma]
     return float(np.median(vals))
@@ -153,11 +176,13 @@ def run_cusum(
     config: CusumConfig | None = None,
     sigma_history: Mapping[str, Sequence[float]] | None = None,
     level_history: Mapping[str, Sequence[float]] | None = None,
+    fleet_sigma: Mapping[str, float] | None = None,
 ) -> dict[str, CusumResult]:
     """CUSUM verdicts for every variable with residuals; pure and deterministic.
 
     ``sigma_history`` holds the rank's past windows' within-window σ̂ and ``level_history``
-    their mean residuals (oldest first), per variable.
+    their mean residuals (oldest first), per variable; ``fleet_sigma`` the fleet's relative
+    long-run σ (:func:`fleet_relative_sigma`), used for a variable without enough level history.
     """
     table = table or CusumTable()
     config = config or CusumConfig()
@@ -174,6 +199,8 @@ def run_cusum(
         hist = list((sigma_history or {}).get(v, ()))[-config.sigma_history:] if config.sigma_history else []
         floor = config.rel_floor * scale(v, predicted.get(v, 0.0))
         lr = long_run_sigma((level_history or {}).get(v, ()), n, config)
+        if lr == 0.0 and fleet_sigma and v in fleet_sigma:
+            lr = fleet_sigma[v] * scale(v, predicted.get(v, 0.0))
         sigma[i] = max(pooled_sigma(sig_w[i], hist), lr, floor, 1e-300)
     dk = np.array([table.get(v).delta_k for v in names])
     hk = np.array([table.get(v).h_k for v in names])

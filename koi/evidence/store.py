@@ -36,9 +36,15 @@ from koi.logging import get_logger
 log = get_logger(__name__)
 
 
-def rank_contexts(snapshot: ClusterSnapshot) -> list[RankContext]:
-    """Scope features of every live deployment of the snapshot."""
+def rank_contexts(snapshot: ClusterSnapshot, previous: ClusterSnapshot | None = None) -> list[RankContext]:
+    """Scope features of every live deployment of the snapshot; with the previous tick's snapshot,
+    which ranks were not serving then (their window holds their launch, S2 decides nothing on it)."""
     from koi import catalog
+    from koi.domain.cluster import DeploymentState
+
+    up = (DeploymentState.SERVING, DeploymentState.DEGRADED)
+    serving = None if previous is None else {
+        d.rank_id for d in previous.deployments if d.state in up and d.replicas_ready >= 1}
 
     jobs = {j.job.job_id: j.job for j in snapshot.jobs}
     out: list[RankContext] = []
@@ -53,7 +59,8 @@ def rank_contexts(snapshot: ClusterSnapshot) -> list[RankContext]:
                         rank=d.rank_id, error=str(exc))
             feats = {}
         out.append(RankContext(rank_id=d.rank_id, job_id=d.job_id, env_id=d.rank.env.env_id, features=feats,
-                               committed_mechanism_id=d.rank.mechanism_id))
+                               committed_mechanism_id=d.rank.mechanism_id,
+                               launching=serving is not None and d.rank_id not in serving))
     return sorted(out, key=lambda r: r.rank_id)
 
 
@@ -117,7 +124,8 @@ def build_inputs(
         telemetry = {w.rank_id: w for w in get_telemetry(session, cluster_id, tick)}
     if snapshot is None:
         snapshot = load_stage_model(session, cluster_id, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
-    ranks = rank_contexts(snapshot) if snapshot is not None else []
+    previous = load_stage_model(session, cluster_id, tick - 1, Stage.S0_SNAPSHOT, ClusterSnapshot) if tick else None
+    ranks = rank_contexts(snapshot, previous) if snapshot is not None else []
     if predictions is None:
         idx = load_predictions_before(session, cluster_id, tick, telemetry)
         predictions = {rid: p for rid in telemetry if (p := idx.before(rid, tick)) is not None}

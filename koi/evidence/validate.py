@@ -13,7 +13,16 @@ Choices where the spec is vague (and why):
   a batch rank's TTFT counts the job's backlog from submission; compared, it diverged in
   every batch window and left every TTFT mechanism on batch ranks in Q2/Q4).
 - **CUSUM history**: each rank's last windows' σ̂ and mean residuals
-  (:func:`cusum_history_from_rows`) give the CUSUM its noise scale (:mod:`koi.evidence.cusum`).
+  (:func:`cusum_history_from_rows`) give the CUSUM its noise scale (:mod:`koi.evidence.cusum`);
+  a rank without enough windows of its own borrows the fleet's (the median relative
+  long-run σ of this tick's ranks that have them).
+- **A window that holds the rank's launch is not tested** (not serving at the previous tick's
+  snapshot, :func:`koi.evidence.rank_contexts`: part of it is boot, then the backlog that queued meanwhile, and the 120-s trailing p99s reach back
+  into both). Its residuals are kept on the row (visible), but no CUSUM verdict and no
+  mechanism is decided: on the oracle's true predictions every such window diverged in every
+  variable, so each new ladder's mechanisms were charged a falsification for being new —
+  the rule PerfDB (:func:`koi.evidence.perfdb.served_windows`) and ``koi learn`` (first full
+  window) already apply.
 - **Bundle verdict.** A mechanism's V bundle is DIVERGED if *any* of its mediators
   diverged, likewise its Y bundle: the mechanism claims all its mediators and outcomes,
   so one failed claim is a failed bundle.
@@ -50,7 +59,7 @@ from koi.domain.telemetry import (
     TelemetryWindow,
     Verdict,
 )
-from koi.evidence.cusum import CusumConfig, CusumTable, run_cusum
+from koi.evidence.cusum import CusumConfig, CusumTable, fleet_relative_sigma, run_cusum
 from koi.evidence.icp import IcpConfig, IcpResult, IcpSample, icp_samples_for_row, icp_verdicts
 from koi.logging import get_logger
 
@@ -65,6 +74,8 @@ class RankContext(KoiModel):
     env_id: str
     features: dict[str, Any] = Field(default_factory=dict, description="koi.causal.features.rank_features output")
     committed_mechanism_id: str | None = None
+    launching: bool = Field(default=False, description="not serving at the previous tick's snapshot: "
+                                                       "this window holds its launch")
 
 
 class ValidateInputs(KoiModel):
@@ -124,8 +135,26 @@ def comparable_residuals(window: TelemetryWindow, prediction: Prediction,
     return {k: v for k, v in res.items() if k not in drop} if drop else res
 
 
+def launching(ctx: RankContext | None) -> bool:
+    """Does this tick's window hold the rank's launch (it was not serving at t − 1)?"""
+    return ctx is not None and ctx.launching
+
+
+def _fleet_sigma(inp: ValidateInputs, ctx: Mapping[str, RankContext]) -> dict[str, float]:
+    """The fleet's relative long-run σ per variable over this tick's settled ranks with history."""
+    streams = []
+    for rid, w in inp.telemetry.items():
+        pred = inp.predictions.get(rid)
+        if pred is None or w.n_samples == 0 or launching(ctx.get(rid)):
+            continue
+        levels = inp.level_history.get(rid, {})
+        streams.extend((v, levels.get(v, ()), w.n_samples, float(pred.values[v]))
+                       for v in sorted(set(w.series) & set(pred.values)))
+    return fleet_relative_sigma(streams, inp.cusum_config)
+
+
 def _validate_rank(inp: ValidateInputs, ctx: RankContext | None, window: TelemetryWindow,
-                   mechanisms: list[Mechanism]) -> EvidenceRow:
+                   mechanisms: list[Mechanism], fleet_sigma: Mapping[str, float] | None = None) -> EvidenceRow:
     pred = inp.predictions.get(window.rank_id)
     row = EvidenceRow(
         cluster_id=inp.cluster_id, tick=inp.tick, job_id=window.job_id, rank_id=window.rank_id,
@@ -136,9 +165,13 @@ def _validate_rank(inp: ValidateInputs, ctx: RankContext | None, window: Telemet
                  rank=window.rank_id, reason="no prediction" if pred is None else "no samples")
         return row
     res = comparable_residuals(window, pred, ctx)
-    results = run_cusum(res, pred.values, inp.cusum_table, inp.cusum_config,
-                        inp.sigma_history.get(window.rank_id), inp.level_history.get(window.rank_id))
     row.residuals = res
+    if launching(ctx):
+        log.info("s2.rank_launching", cluster=inp.cluster_id, tick=inp.tick, job=window.job_id,
+                 rank=window.rank_id)
+        return row
+    results = run_cusum(res, pred.values, inp.cusum_table, inp.cusum_config,
+                        inp.sigma_history.get(window.rank_id), inp.level_history.get(window.rank_id), fleet_sigma)
     row.cusum = [results[k] for k in sorted(results)]
     if ctx is None or window.n_samples < inp.cusum_config.min_samples:
         return row
@@ -157,8 +190,9 @@ def validate_detailed(inputs: ValidateInputs) -> ValidationOutput:
     """S2 with its ICP working shown (the per-edge test results and this tick's samples)."""
     ctx = {r.rank_id: r for r in inputs.ranks}
     mechanisms = sorted(inputs.mechanisms, key=lambda m: m.mechanism_id)
+    fleet = _fleet_sigma(inputs, ctx)
     rows = [
-        _validate_rank(inputs, ctx.get(rid), inputs.telemetry[rid], mechanisms)
+        _validate_rank(inputs, ctx.get(rid), inputs.telemetry[rid], mechanisms, fleet)
         for rid in sorted(inputs.telemetry)
     ]
     samples: list[IcpSample] = []
