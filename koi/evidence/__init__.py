@@ -28,14 +28,13 @@ from koi.evidence.validate import (
     bundle_verdict,
     cusum_history_from_rows,
     evaluate_mechanism,
-    sigma_history_from_rows,
     validate,
     validate_detailed,
 )
 
 __all__ = [
     "CusumConfig", "CusumEntry", "CusumTable", "IcpConfig", "IcpResult", "IcpSample", "LearningMetrics",
-    "RankContext", "ValidateInputs", "ValidationOutput", "build_inputs", "bundle_verdict", "cusum_history_from_rows", "evaluate_mechanism",
-    "icp_history_from", "icp_samples_for_row", "icp_test", "icp_verdicts", "learning_metrics", "rank_contexts",
-    "robust_noise_sigma", "run_cusum", "run_s2", "sigma_history_from_rows", "validate", "validate_detailed",
+    "RankContext", "ValidateInputs", "ValidationOutput", "build_inputs", "bundle_verdict", "cusum_history_from_rows",
+    "evaluate_mechanism", "icp_history_from", "icp_samples_for_row", "icp_test", "icp_verdicts", "learning_metrics",
+    "rank_contexts", "robust_noise_sigma", "run_cusum", "run_s2", "validate", "validate_detailed",
 ]

@@ -231,11 +231,6 @@ def _history_from_rows(rows: Iterable[EvidenceRow], before_tick: int, k: int,
     return out
 
 
-def sigma_history_from_rows(rows: Iterable[EvidenceRow], before_tick: int, k: int = 5) -> dict[str, dict[str, list[float]]]:
-    """rank → variable → the robust σ of its last ``k`` windows before ``before_tick`` (oldest first)."""
-    return _history_from_rows(rows, before_tick, k, "residual_std")
-
-
 def cusum_history_from_rows(rows: Iterable[EvidenceRow], before_tick: int,
                             config: CusumConfig) -> dict[str, dict[str, dict[str, list[float]]]]:
     """The ``sigma_history`` and ``level_history`` of :class:`ValidateInputs` from past evidence rows."""
