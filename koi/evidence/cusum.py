@@ -23,8 +23,9 @@ Choices where the spec is vague (and why):
   p99 mostly does not move at all: MAD 0), and the within-window σ̂ falls far below the
   noise the sums really carry. Measured on the oracle's predictions (the simulator's true
   performance, hetero-3h seed 0, median bias 0.3%), the within-window σ made p99 TTFT
-  diverge in 78% of rank-windows, p99 TPOT and cost per token in 62%
-  (``benchmarks/cusum_false_alarms.py``). So, once the rank has ``min_levels`` past windows,
+  diverge in 78–81% of rank-windows, p99 TPOT and cost per token in 61–62%; with the
+  long-run σ, on ranks with history, 16–28%, 17–26% and 24–35% (two oracle runs,
+  ``benchmarks/cusum_false_alarms.py``). So, once the rank has ``min_levels`` past windows,
   σ is also at least √n × the robust spread of the rank's window-mean residuals (the same
   1.4826·MAD of first differences / √2, over its last ``level_history`` windows): how far a
   five-minute window's mean strays from the prediction when nothing is wrong (arrivals
@@ -40,9 +41,10 @@ Choices where the spec is vague (and why):
   rank's long-run σ relative to its prediction's scale (:func:`fleet_relative_sigma`),
   times its own prediction's scale: an empirical-Bayes prior, so a new ladder is judged on
   the noise every windowed series shows instead of on its smooth first differences (on the
-  oracle's predictions its first windows otherwise diverged in 65–97% of cases for p99 TTFT,
-  against 16% once it had history). A rank's own history replaces the prior as soon as it
-  exists; a fleet with no history yet has no prior.
+  oracle's predictions p99 TTFT diverged in 93% of such windows without the prior, 69% with
+  it: what remains is the post-launch transient and the A/B handover's traffic split, which
+  a steady-state prediction does not describe). A rank's own history replaces the prior as
+  soon as it exists; a fleet with no history yet has no prior.
 - **σ floor**: σ ≥ ``rel_floor`` × scale(variable, prediction) (:mod:`koi.evidence.scales`).
   Without it a noise-free series (σ̂ = 0) makes any error, however small, diverge.
   With the default 5% floor, a noise-free window of 30 samples flags a sustained bias
