@@ -78,3 +78,26 @@ def test_s5_keep_all_is_persisted(store) -> None:
         assert get_plan(s, "c1", snap.tick).proposer == "keep_all"
         row = load_stage_output(s, "c1", snap.tick, Stage.S5_VALIDATE_PLAN)
         assert row.payload["stage"] == "keep_all" and row.payload["first"][0]["constraint"] == "C0"
+
+
+def test_a_learner_that_raises_leaves_planning_on_the_prior_surrogate(monkeypatch) -> None:
+    # a bug in the residual learner must not send every S4 to the keep-all fallback (hetero-12h seed 1
+    # lost 44 ticks of planning that way): the tick plans on the prior, the error is logged, and the
+    # same records keep getting the same predictor
+    from test_surrogate_residual import biased_records
+
+    from koi.planning.tick import predictor_for_records
+    from koi.surrogate import Surrogate
+
+    records = biased_records(6, bias=1.11)
+    learned = predictor_for_records(records)
+    assert not learned.residual_free
+
+    def broken(cls, recs):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(Surrogate, "from_records", classmethod(broken))
+    other = biased_records(6, bias=1.12)  # records the cache has not seen
+    first = predictor_for_records(other)
+    assert first.residual_free  # the prior: nothing learned, the cold DRO band
+    assert predictor_for_records(other) is first

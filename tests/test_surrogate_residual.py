@@ -302,3 +302,27 @@ def test_the_joint_coded_fit_equals_one_fit_per_quantity(records):
         else:
             assert q not in effects
     assert len(n_subsets) >= 2 and len(effects) >= 4
+
+
+def test_a_quantity_the_physics_predicts_none_of_at_the_fitted_speed_is_skipped_not_divided_by():
+    # hetero-12h, Koi seed 1: a rank observed preempting (1.5/s) where the base physics predicted 2e-7/s
+    # ran 14% faster than the tables, and at that speed the physics predicts no preemption at all. The
+    # prequential residual divided by that zero and every S4 from tick 99 on fell back to keep-all.
+    from koi.surrogate.residual import SPEED_GRID, physics_curves
+
+    recs = []
+    for r in biased_records(12, bias=0.7):  # observed TPOT 0.7 × the tables: a faster part, log f < 0
+        obs_v = {**r.observed_v, "preemption_rate": 1.5}
+        pred = {**r.predicted, "preemption_rate": 2e-7}
+        recs.append(r.model_copy(update={"observed_v": obs_v, "predicted": pred}))
+
+    def curves(records):
+        out = physics_curves(records)
+        for c in out:
+            c["preemption_rate"] = np.where(SPEED_GRID < 1.0, 0.0, 1.0)  # none preempted when faster
+        return out
+
+    m = ResidualModel.fit(recs, curves=curves)
+    assert m.speed_effects is not None
+    assert len(m.residuals("p99_tpot_ms", scope_of(H100_RANK))) == 12
+    assert np.all(np.isfinite(m.residuals("preemption_rate", scope_of(H100_RANK))))

@@ -101,6 +101,13 @@ def predictor_for_records(records: list[Any]) -> Predictor:
     reused while the records are unchanged: S4 and S5 of a tick (and the repair round) share it,
     with its memoized predictions (:mod:`koi.planning.surrogate_adapter`), instead of fitting
     twice. Performance only: the predictions are the same.
+
+    A fit that raises (a bug in the learner, not bad data: records are validated when stored)
+    must not stop planning: logged as an error, the tick plans on the prior surrogate, as with no
+    records (what the rolling MILP plans on every tick), and the same records keep that predictor
+    (cached), so the run stays deterministic. Before this, one such bug (a prequential residual
+    divided by a physics prediction of zero) sent every S4 of a 12-hour run from tick 99 to the
+    keep-all fallback, and a batch job submitted after it was never admitted.
     """
     from koi.planning.surrogate_adapter import SurrogatePredictor, memo_residuals
     from koi.store import digest
@@ -114,9 +121,14 @@ def predictor_for_records(records: list[Any]) -> Predictor:
         if hit is not None:
             _FITTED.move_to_end(key)
             return hit
-    sur = Surrogate.from_records(records)  # outside the lock: two threads may fit the same records once each
-    sur.residuals = memo_residuals(sur.residuals)
-    pred = SurrogatePredictor(sur)
+    try:
+        sur = Surrogate.from_records(records)  # outside the lock: two threads may fit the same records once each
+    except Exception as exc:  # noqa: BLE001 - see the docstring: plan on the prior, loudly
+        log.error("surrogate.fit_failed", records=len(records), error=f"{type(exc).__name__}: {exc}")
+        pred = SurrogatePredictor(None)
+    else:
+        sur.residuals = memo_residuals(sur.residuals)
+        pred = SurrogatePredictor(sur)
     with _FITTED_LOCK:
         _FITTED[key] = pred
         while len(_FITTED) > _FITTED_MAX:

@@ -612,6 +612,8 @@ def _block_residuals(rows: list[_Row], start: int, stop: int, speed: _Effects, e
             else:
                 g = effects.get(q)
                 pred = b * _at(row.curve.get(q), logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
+            if not pred > _EPS:  # the physics at the fitted speed predicts none (a queue that empties): no ratio
+                continue
             out.append((i, q, o / pred - 1.0))
     return out
 
