@@ -35,6 +35,7 @@ from pathlib import Path
 
 from koi.domain import ClusterSnapshot, EvidenceRow
 from koi.evidence import CusumConfig, ValidateInputs, cusum_history_from_rows, rank_contexts, validate
+from koi.evidence.perfdb import previous_snapshot
 from koi.evidence.store import load_predictions_before
 from koi.store import Stage, get_telemetry, load_stage_model, make_engine, session_scope
 
@@ -70,7 +71,7 @@ def replay(store: str, cluster: str | None = None) -> dict:
         for tick in ticks:
             windows = {w.rank_id: w for w in get_telemetry(s, cluster, tick)}
             snap = load_stage_model(s, cluster, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
-            prev = load_stage_model(s, cluster, tick - 1, Stage.S0_SNAPSHOT, ClusterSnapshot) if tick else None
+            prev = previous_snapshot(s, cluster, tick)
             idx = load_predictions_before(s, cluster, tick, windows)
             predictions = {rid: p for rid in windows if (p := idx.before(rid, tick)) is not None}
             # a window is "warm" when its rank has min_levels past windows of its own

@@ -436,13 +436,14 @@ class IncrementalS2:
         from koi.evidence import store as ev
         from koi.evidence.cusum import CusumConfig
         from koi.evidence.icp import IcpConfig
+        from koi.evidence.perfdb import previous_snapshot
         from koi.evidence.validate import ValidateInputs, cusum_history_from_rows, validate_detailed
         from koi.store import Stage, get_telemetry, load_stage_model, save_evidence
 
         icp_cfg, cus_cfg = IcpConfig(), CusumConfig()
         telemetry = {w.rank_id: w for w in get_telemetry(session, cluster_id, tick)}
         snapshot = load_stage_model(session, cluster_id, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
-        previous = load_stage_model(session, cluster_id, tick - 1, Stage.S0_SNAPSHOT, ClusterSnapshot) if tick else None
+        previous = previous_snapshot(session, cluster_id, tick)
         ranks = ev.rank_contexts(snapshot, previous) if snapshot is not None else []
         idx = ev.load_predictions_before(session, cluster_id, tick, telemetry)
         predictions = {rid: p for rid in telemetry if (p := idx.before(rid, tick)) is not None}

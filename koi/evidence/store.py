@@ -124,8 +124,9 @@ def build_inputs(
         telemetry = {w.rank_id: w for w in get_telemetry(session, cluster_id, tick)}
     if snapshot is None:
         snapshot = load_stage_model(session, cluster_id, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
-    previous = load_stage_model(session, cluster_id, tick - 1, Stage.S0_SNAPSHOT, ClusterSnapshot) if tick else None
-    ranks = rank_contexts(snapshot, previous) if snapshot is not None else []
+    from koi.evidence.perfdb import previous_snapshot
+
+    ranks = rank_contexts(snapshot, previous_snapshot(session, cluster_id, tick)) if snapshot is not None else []
     if predictions is None:
         idx = load_predictions_before(session, cluster_id, tick, telemetry)
         predictions = {rid: p for rid in telemetry if (p := idx.before(rid, tick)) is not None}
