@@ -81,11 +81,29 @@ def test_reference_point_from_candidates_and_history() -> None:
     y = np.array([[1e-6, 100, 20, 1000, 0.5], [3e-6, 300, 40, 2000, 0.1], [np.inf, 200, 30, 0, -10]])
     ref = reference_point(y)
     z, r = ref.arrays()
-    assert r[0] == pytest.approx(2e-6) and z[0] == pytest.approx(1e-6 - 0.05 * 2e-6)  # best minus slack
+    assert r[0] == pytest.approx(1e-6) and z[0] == pytest.approx(1e-6 - 0.05 * 1e-6)  # best minus slack
     assert z[3] == pytest.approx(2000 + 0.05 * 2000)  # best throughput plus slack
     assert np.all(gaps(y[:2], z, r) > 0)  # the slack leaves every candidate a positive gap on its best
     hist = reference_point(y, {"p99_ttft_ms": 50.0})
     assert hist.z_star[1] < 50.0 and hist.source == "history+candidates"
+
+
+def test_cost_range_is_capped_at_the_cheapest_so_a_dear_candidate_cannot_hide_cost() -> None:
+    """An online job: a cheap ladder a little slower than a 5x dearer one. With the range the plain
+    spread the dear one wins on latency (its cost gap is ~1 range, x 0.10); with the cap its cost gap
+    is 4 ranges and the cheap one wins; adding an absurd candidate no longer re-ranks the two."""
+    cheap = [1e-6, 200, 30, 1000, 0.4]
+    dear = [5e-6, 150, 25, 1000, 0.5]
+    absurd = [5e-5, 140, 24, 1000, 0.5]
+    w = np.array(ONLINE_WEIGHTS.as_tuple())
+    for ys in ([cheap, dear], [cheap, dear, absurd]):
+        y = np.array(ys)
+        z, r = reference_point(y).arrays()
+        assert r[0] == pytest.approx(1e-6)  # the cheapest cost, not the spread
+        j = tchebycheff(y, w, z, r)
+        assert j[0] > j[1]
+    y = np.array([[1e-6, 100, 20, 1000, 0.5], [1.5e-6, 120, 22, 1000, 0.5]])  # spread under the cap: unchanged
+    assert reference_point(y).ranges[0] == pytest.approx(0.5e-6)
 
 
 def test_reference_point_range_floor() -> None:

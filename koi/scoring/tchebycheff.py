@@ -25,6 +25,18 @@ Choices where the spec is vague:
   unit-less SLO margin) so that a job whose candidates all agree is not divided by 0.
   Normalising per job keeps J commensurate across jobs whose costs differ by 1000×
   (a 1B and a 235B model), which a per-class z* could not.
+- **Cost's range is capped at its best value** (REL_RANGE_CAP): g_cost ≤ (ŷ − z*)/|best|, the
+  fractional excess over the cheapest option, once the candidates' spread exceeds it. With the
+  plain spread the dearest candidate's cost gap is ≈ 1 whatever its price, so w_cost·g_cost ≤
+  ~0.1 for an online job while a third of a latency range weighs 0.35 × ⅓: a ladder at 5× the
+  price won on a small latency gain, and an absurd candidate in the set (a 156-GPU split
+  ladder) shrank every other candidate's cost gap, re-ranking two sensible ones by its mere
+  presence. On hetero-12h (Koi, seed 0, tick 5) a repair moved agent-moe-30b from 40 GPUs to
+  that 156-GPU ladder at $448/h over 24 H100 at $77/h, and J then preferred keeping it to
+  every scale-in for six hours. Only cost is capped: it grows without bound with the ladder,
+  while the latencies saturate at the hardware's floor and are held to their targets by C3 and
+  γ·p_brk besides; capping them as well (tried on hetero-3h seed 0) made every gap a latency
+  gap again and scored below the uncapped J.
 """
 
 from __future__ import annotations
@@ -43,6 +55,8 @@ G_MAX = 5.0
 SLACK = 0.05
 REL_RANGE_FLOOR = 0.10
 ABS_RANGE_FLOOR = {"slo_margin": 0.05}
+#: range_j ≤ cap·|best_j| (module docstring, "Cost's range is capped at its best value")
+REL_RANGE_CAP = {"cost_per_token": 1.0}
 
 #: +1 for maximised objectives, −1 for minimised, in OBJECTIVES order.
 SENSE = np.array([1.0 if is_maximized(o) else -1.0 for o in OBJECTIVES])
@@ -102,6 +116,9 @@ def reference_point(
         best = c.max() if SENSE[j] > 0 else c.min()
         spread = float(c.max() - c.min())
         floor = max(REL_RANGE_FLOOR * abs(best), ABS_RANGE_FLOOR.get(OBJECTIVES[j], 0.0), 1e-12)
+        cap = REL_RANGE_CAP.get(OBJECTIVES[j])
+        if cap is not None:
+            spread = min(spread, cap * abs(best))
         rng[j] = max(spread, floor)
         z[j] = best + SENSE[j] * SLACK * rng[j]
     return ReferencePoint(
