@@ -30,6 +30,7 @@ from koi.domain.cluster import ClusterSnapshot
 from koi.domain.telemetry import EvidenceRow, Prediction, TelemetryWindow
 from koi.evidence.cusum import CusumConfig, CusumTable
 from koi.evidence.icp import IcpConfig, IcpSample, icp_history_from
+from koi.evidence.perfdb import previous_snapshot
 from koi.evidence.validate import RankContext, ValidateInputs, cusum_history_from_rows, validate_detailed
 from koi.logging import get_logger
 
@@ -124,8 +125,6 @@ def build_inputs(
         telemetry = {w.rank_id: w for w in get_telemetry(session, cluster_id, tick)}
     if snapshot is None:
         snapshot = load_stage_model(session, cluster_id, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
-    from koi.evidence.perfdb import previous_snapshot
-
     ranks = rank_contexts(snapshot, previous_snapshot(session, cluster_id, tick)) if snapshot is not None else []
     if predictions is None:
         idx = load_predictions_before(session, cluster_id, tick, telemetry)

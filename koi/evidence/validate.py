@@ -18,8 +18,9 @@ Choices where the spec is vague (and why):
   long-run σ of this tick's ranks that have them).
 - **A window that holds the rank's launch is not tested** (not serving at the previous tick's
   snapshot, :func:`koi.evidence.rank_contexts`: part of it is boot, then the backlog that
-  queued meanwhile, and the 120-s trailing p99s reach back into both). Its residuals are kept on the row (visible), but no CUSUM verdict and no
-  mechanism is decided: on the oracle's true predictions every such window diverged in every
+  queued meanwhile, and the 120-s trailing p99s reach back into both). Its residuals are
+  kept on the row (visible), but no CUSUM verdict and no mechanism is decided: on the
+  oracle's true predictions every such window diverged in every
   variable, so each new ladder's mechanisms were charged a falsification for being new —
   the rule PerfDB (:func:`koi.evidence.perfdb.served_windows`) and ``koi learn`` (first full
   window) already apply.
