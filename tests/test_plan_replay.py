@@ -66,6 +66,41 @@ def test_every_tick_replays_to_the_stored_proposal_and_nothing_is_written(koi_ru
     assert _counts(engine) == before
 
 
+def test_each_option_shows_its_predicted_p99s_beside_the_jobs_targets(koi_run, engine):
+    """What C3's risk is read on: the ladder's predicted p99 TTFT and TPOT (its worst rank's at the load
+    share the planner assumed), next to the online job's targets; a defer has none, a batch job no targets."""
+    from koi.domain import ClusterSnapshot, JobClass
+    from koi.store import load_stage_model
+
+    cid = koi_run.meta.cluster_id
+    with session_scope(engine) as s:
+        rep = replay_s4(s, cid, 3)
+        snap = load_stage_model(s, cid, 3, Stage.S0_SNAPSHOT, ClusterSnapshot)
+    seen = 0
+    for j in rep.jobs:
+        job = snap.job(j.job_id).job
+        if job.job_class is JobClass.ONLINE:
+            assert (j.target_ttft_ms, j.target_tpot_ms) == (job.slo.p99_ttft_ms, job.slo.p99_tpot_ms)
+        else:
+            assert j.target_ttft_ms is None and j.target_tpot_ms is None
+        for o in j.options:
+            if not o.ladder:
+                assert o.p99_ttft_ms is None and o.p99_tpot_ms is None
+                continue
+            assert o.p99_ttft_ms is not None and o.p99_tpot_ms is not None
+            assert o.p99_ttft_ms > 0 and o.p99_tpot_ms > 0
+            if job.job_class is JobClass.ONLINE and o.admissible and not o.repair and o.p_brk < 0.05:
+                # a ladder C3 calls nearly safe is predicted under its targets
+                assert o.p99_tpot_ms <= j.target_tpot_ms and o.p99_ttft_ms <= j.target_ttft_ms
+                seen += 1
+    assert seen, "some online option is predicted well under its targets"
+    res = _invoke(["plan", "replay", "3", "--job", "chat-8b", "--cluster", cid, "--url",
+                   f"sqlite:///{koi_run.meta.store}"])
+    slo = snap.job("chat-8b").job.slo
+    assert res.exit_code == 0 and f"targets {slo.p99_ttft_ms:g} / {slo.p99_tpot_ms:g} ms" in res.stdout
+    assert "p99 TTFT/TPOT ms" in res.stdout
+
+
 def test_a_later_tick_sees_the_jobs_that_arrived(koi_run, engine):
     with session_scope(engine) as s:
         first = replay_s4(s, koi_run.meta.cluster_id, 0)

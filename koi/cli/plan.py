@@ -138,8 +138,16 @@ def replay(
         emit([{"": "→" if o.chosen else "", "option": o.kind, "σ": f"{o.sigma:.3f}", "J": f"{o.j:.3f}",
                "p_brk": f"{o.p_brk:.3f}", "switch": f"{o.switch:.3f}", "unserved": f"{o.unserved:.0%}",
                "$/h": f"{o.price_per_hour:.1f}", "GPUs": o.gpus, "C3": "ok" if o.admissible else "no",
-               "ladder": o.ladder} for o in jr.options], False,
-             title=f"{jr.job_id}: {jr.replayed}{flag} — {jr.candidates} ladders scored, {jr.c3_dropped} rows over τ")
+               "p99 TTFT/TPOT ms": _p99s(o), "ladder": o.ladder} for o in jr.options], False,
+             title=f"{jr.job_id}: {jr.replayed}{flag} — {jr.candidates} ladders scored, {jr.c3_dropped} rows over τ"
+                   + (f"; targets {jr.target_ttft_ms:g} / {jr.target_tpot_ms:g} ms"
+                      if jr.target_ttft_ms is not None and jr.target_tpot_ms is not None else ""))
+
+
+def _p99s(o) -> str:  # noqa: ANN001 - an OptionRow
+    if o.p99_ttft_ms is None or o.p99_tpot_ms is None:
+        return ""
+    return f"{o.p99_ttft_ms:,.0f} / {o.p99_tpot_ms:.1f}"
 
 
 def register(root: typer.Typer) -> None:

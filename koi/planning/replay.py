@@ -3,7 +3,8 @@
 An operator who asks "why does rag-70b hold 72 GPUs?" needs the options the planner weighed at that
 tick, not only the one it took: the running ladder (keep) or nothing (defer) and each sized
 candidate with its score σ = J − γ p_brk − λ SwitchCost, its Tchebycheff J, breach risk, switching
-cost, unserved share and price. The proposer keeps none of that beyond the chosen action's
+cost, unserved share, price and predicted p99s beside the job's targets (a rank sized to sit at its
+target passes C3 only on its breach band: seeing 59.8 ms against 60 is the first question). The proposer keeps none of that beyond the chosen action's
 rationale, so this module rebuilds it: it loads what S4 saw at tick ``t`` from the store — the S0
 snapshot, the slow state, mechanism registry and beliefs as of ``t`` (:func:`load_planning_context`),
 the surrogate fitted on the PerfDB records of ticks ≤ ``t`` (those S1 had written when S4 ran; later
@@ -21,13 +22,15 @@ replay that differs for that reason says why.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import Field
 from sqlmodel import Session
 
+from koi import variables
 from koi.domain.cluster import ClusterSnapshot
-from koi.domain.common import KoiModel
+from koi.domain.common import JobClass, KoiModel
 from koi.domain.plan import Action, Plan
 from koi.planning.budget import BudgetBook
 from koi.planning.options import Candidate, OptionKind
@@ -49,6 +52,9 @@ class OptionRow(KoiModel):
     gpus: int
     admissible: bool = Field(description="passes C3, or C3 is waived (a repair, a late batch job)")
     repair: bool = False
+    p99_ttft_ms: float | None = Field(default=None, description="the ladder's predicted p99 TTFT: its worst "
+                                      "rank's at the load share the planner assumed (what C3's risk is read on)")
+    p99_tpot_ms: float | None = Field(default=None, description="the same for p99 TPOT")
     ladder: str = ""
 
 
@@ -60,6 +66,8 @@ class JobReplay(KoiModel):
     rationale: str = Field(description="the replayed action's rationale")
     candidates: int = Field(description="sized ladders scored (before C3 and pruning)")
     c3_dropped: int = Field(description="the generator's ladder rows over τ (C3), counted before de-duplication")
+    target_ttft_ms: float | None = Field(default=None, description="the job's p99 TTFT target (online jobs)")
+    target_tpot_ms: float | None = Field(default=None, description="the job's p99 TPOT target (online jobs)")
     options: list[OptionRow]
 
 
@@ -77,13 +85,21 @@ class Replay(KoiModel):
 def _row(c: Candidate, chosen: bool) -> OptionRow:
     """One option; a reservation shows the ladder it holds (its σ, J, p_brk) and this tick's unserved share."""
     shown = c.reserves if c.reserves is not None else c
+    ttft, tpot = (_ms(shown.y, variables.OBJECTIVES.index(k)) for k in ("p99_ttft_ms", "p99_tpot_ms"))
     return OptionRow(
         kind="reserve" if c.reserves is not None else c.kind.value, chosen=chosen, sigma=round(shown.sigma, 6),
         j=round(shown.j, 6), p_brk=round(shown.p_brk, 6), switch=round(shown.switch, 6),
         unserved=round(c.unserved, 6),
         price_per_hour=round(sum(r.price for r in shown.ranks), 4), gpus=sum(r.gpus for r in shown.ranks),
-        admissible=c.admissible, repair=c.repair, ladder=describe_ranks(shown.ranks) if shown.ranks else "",
+        admissible=c.admissible, repair=c.repair, p99_ttft_ms=ttft, p99_tpot_ms=tpot,
+        ladder=describe_ranks(shown.ranks) if shown.ranks else "",
     )
+
+
+def _ms(y: Any, i: int) -> float | None:
+    """Objective ``i`` of a candidate's Ŷ, rounded, or None where it has none (a defer, an empty keep)."""
+    v = float(y[i]) if y is not None and len(y) > i else math.nan
+    return round(v, 3) if math.isfinite(v) else None
 
 
 def _key(a: Action | None) -> tuple[str, Any]:
@@ -131,10 +147,12 @@ def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] |
             shown += [c for c in listed if c.cand_id == picked]
         rows += [_row(c, c.cand_id == picked) for c in shown]
         a = replayed[jid]
+        online = jc.state.job.job_class is JobClass.ONLINE
         out.append(JobReplay(
             job_id=jid, stored=stored[jid].type.value if jid in stored else None, replayed=a.type.value,
             same=same[jid], rationale=a.rationale, candidates=len(jc.all_scored), c3_dropped=jc.n_c3_dropped,
-            options=rows,
+            target_ttft_ms=jc.state.job.slo.p99_ttft_ms if online else None,
+            target_tpot_ms=jc.state.job.slo.p99_tpot_ms if online else None, options=rows,
         ))
     return Replay(
         cluster_id=cluster_id, tick=tick, reproduced=bool(replayed) and all(same.values()),
