@@ -4,9 +4,10 @@ An operator who asks "why does rag-70b hold 72 GPUs?" needs the options the plan
 tick, not only the one it took: the running ladder (keep) or nothing (defer) and each sized
 candidate with its score σ = J − γ p_brk − λ SwitchCost, its Tchebycheff J, breach risk, switching
 cost, unserved share, price and predicted p99s beside the job's targets (a rank sized to sit at its
-target passes C3 only on its breach band: seeing 59.8 ms against 60 is the first question). The proposer keeps none of that beyond the chosen action's
-rationale, so this module rebuilds it: it loads what S4 saw at tick ``t`` from the store — the S0
-snapshot, the slow state, mechanism registry and beliefs as of ``t`` (:func:`load_planning_context`),
+target passes C3 only on its breach band: seeing 59.8 ms against 60 is the first question). The
+proposer keeps none of that beyond the chosen action's rationale, so this module rebuilds it: it
+loads what S4 saw at tick ``t`` from the store — the S0 snapshot, the slow state, mechanism registry
+and beliefs as of ``t`` (:func:`load_planning_context`),
 the surrogate fitted on the PerfDB records of ticks ≤ ``t`` (those S1 had written when S4 ran; later
 ticks' records are left out) and the budget book S4 stored — and runs the deterministic proposer
 again. Nothing is written.
