@@ -6,9 +6,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from koi.cli.output import emit, fail
+
+if TYPE_CHECKING:
+    from koi.planning.replay import OptionRow
 
 app = typer.Typer(help="The deterministic planner: candidates, joint selection (MILP), validation C0–C7.",
                   no_args_is_help=True)
@@ -144,7 +149,8 @@ def replay(
                       if jr.target_ttft_ms is not None and jr.target_tpot_ms is not None else ""))
 
 
-def _p99s(o) -> str:  # noqa: ANN001 - an OptionRow
+def _p99s(o: OptionRow) -> str:
+    """An option's predicted p99 TTFT / TPOT for the table ('' where it has no ladder)."""
     if o.p99_ttft_ms is None or o.p99_tpot_ms is None:
         return ""
     return f"{o.p99_ttft_ms:,.0f} / {o.p99_tpot_ms:.1f}"
