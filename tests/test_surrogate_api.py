@@ -20,7 +20,7 @@ from koi.surrogate import (
     rank_capacity,
     roofline,
 )
-from koi.surrogate.core import BATCH_LOAD
+from koi.surrogate.core import BATCH_LOAD, UNSEEN_TPOT_MARGIN
 
 
 def env(gpu: str = "H100", cloud: str = "aws", zone: str = "a") -> Environment:
@@ -93,11 +93,11 @@ def test_capacity_respects_the_utilization_cap_and_the_p99_targets(s):
     assert c.feasible and c.limited_by == "utilization"
     assert c.rps == pytest.approx(UTILIZATION_CAP * c.saturation_rps)
     assert c.tokens_per_sec == pytest.approx(c.rps * 256)
-    tight = s.rank_capacity(job(ttft=5000, tpot=8.0), H100.chain)
+    tight = s.rank_capacity(job(ttft=5000, tpot=9.0), H100.chain)
     assert tight.limited_by == "p99_tpot_ms" and 0 < tight.rps < c.rps
-    # at the capacity the targets hold
-    p = s.predict_rank(job(ttft=5000, tpot=8.0), Rank(env=env(), config=H100.config, n_replicas=1), offered_rps=tight.rps)
-    assert p.values["p99_tpot_ms"] <= 8.0 * 1.02
+    # at the capacity the targets hold (TPOT with the unseen chain's margin: nothing is learned here)
+    p = s.predict_rank(job(ttft=5000, tpot=9.0), Rank(env=env(), config=H100.config, n_replicas=1), offered_rps=tight.rps)
+    assert p.values["p99_tpot_ms"] <= 9.0 * UNSEEN_TPOT_MARGIN * 1.02
     impossible = s.rank_capacity(job(ttft=1.0), H100.chain)
     assert impossible.rps == 0.0 and impossible.limited_by == "p99_ttft_ms"
     # batch jobs: saturation, no cap

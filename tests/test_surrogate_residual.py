@@ -326,3 +326,39 @@ def test_a_quantity_the_physics_predicts_none_of_at_the_fitted_speed_is_skipped_
     assert m.speed_effects is not None
     assert len(m.residuals("p99_tpot_ms", scope_of(H100_RANK))) == 12
     assert np.all(np.isfinite(m.residuals("preemption_rate", scope_of(H100_RANK))))
+
+
+def test_an_unseen_chain_is_sized_under_its_tpot_target_and_a_seen_one_to_it(records):
+    """Capacity: a chain with no record in its fine scope must predict p99 TPOT ≤ the margin × target
+    (a cold surrogate: every chain); one the PerfDB has run is sized to the target itself."""
+    from koi.surrogate.capacity_mixin import UNSEEN_TPOT_MARGIN
+
+    def tight(target: float) -> Job:  # the same workload (the same fine scope), a TPOT target that binds
+        return Job.model_validate({**job().model_dump(), "slo": {"p99_ttft_ms": 60_000.0, "p99_tpot_ms": target}})
+
+    def tpot_at_capacity(s: Surrogate, rank: Rank, j: Job) -> tuple[float, float, str]:
+        c = s.rank_capacity(j, rank.chain)
+        p = s.predict_rank(j, Rank(env=rank.env, config=rank.config, n_replicas=1), offered_rps=c.rps)
+        return c.rps, p.values["p99_tpot_ms"], c.limited_by
+
+    cold = Surrogate()
+    sat = cold.rank_capacity(job(), H100_RANK.chain).saturation_rps
+    mid = cold.predict_rank(job(), H100_RANK, offered_rps=0.5 * sat).values["p99_tpot_ms"]
+    j = tight(mid)
+    rps, tpot, limit = tpot_at_capacity(cold, H100_RANK, j)
+    assert limit == "p99_tpot_ms" and rps > 0
+    assert UNSEEN_TPOT_MARGIN * mid * 0.97 <= tpot <= UNSEEN_TPOT_MARGIN * mid * 1.01
+    no_margin = Surrogate(unseen_tpot_margin=1.0)
+    rps1, tpot1, _ = tpot_at_capacity(no_margin, H100_RANK, j)
+    assert rps1 > rps and mid * 0.97 <= tpot1 <= mid * 1.01
+
+    fitted = Surrogate.from_records(records)  # records on H100_RANK's own fine scope (TPOT 1.3x the physics)
+    assert fitted.residuals.support(scope_of(H100_RANK)) > 0
+    _, seen_tpot, _ = tpot_at_capacity(fitted, H100_RANK, j)
+    assert mid * 0.97 <= seen_tpot <= mid * 1.01  # its own correction: sized to the target
+    other_zone = Rank(env=env(zone="us-east-1b"), config=H100_RANK.config, n_replicas=1)
+    assert fitted.residuals.support(scope_of(other_zone)) == 0
+    _, unseen_tpot, _ = tpot_at_capacity(fitted, other_zone, j)  # a borrowed correction: the margin
+    assert UNSEEN_TPOT_MARGIN * mid * 0.97 <= unseen_tpot <= UNSEEN_TPOT_MARGIN * mid * 1.01
+    with pytest.raises(ValueError, match="unseen_tpot_margin"):
+        Surrogate(unseen_tpot_margin=0.0)

@@ -58,6 +58,7 @@ from koi.domain.model import ModelArch
 from koi.logging import get_logger
 from koi.surrogate import queueing
 from koi.surrogate.capacity_mixin import CAP_BISECT as CAP_BISECT
+from koi.surrogate.capacity_mixin import UNSEEN_TPOT_MARGIN as UNSEEN_TPOT_MARGIN
 from koi.surrogate.capacity_mixin import CapacityMixin
 from koi.surrogate.closed_loop_mixin import ClosedLoopMixin
 from koi.surrogate.ladder_mix import _combine_ladder
@@ -128,6 +129,9 @@ class Surrogate(CapacityMixin, ClosedLoopMixin):
     scheduling artefacts included); in the simulated world, whose physics is the operator
     model itself, they would import deviations that world does not have. A real fleet turns
     them on. PerfDB profiles are opt-in too (:meth:`from_records`).
+
+    ``unseen_tpot_margin``: an online chain with no PerfDB record in its own fine scope is sized
+    to this fraction of the p99 TPOT target (:mod:`koi.surrogate.capacity_mixin` says why).
     """
 
     def __init__(
@@ -136,11 +140,15 @@ class Surrogate(CapacityMixin, ClosedLoopMixin):
         profiles: ProfileBook | str | None = None,
         *,
         utilization_cap: float = UTILIZATION_CAP,
+        unseen_tpot_margin: float = UNSEEN_TPOT_MARGIN,
     ):
         self.residuals = residuals or ResidualModel.empty()
         self._profiles_arg = profiles
         self._profiles: ProfileBook | None = profiles if isinstance(profiles, ProfileBook) else None
         self.utilization_cap = utilization_cap
+        if not 0.0 < unseen_tpot_margin <= 1.0:
+            raise ValueError(f"unseen_tpot_margin must be in (0, 1], got {unseen_tpot_margin}")
+        self.unseen_tpot_margin = unseen_tpot_margin
         self._prof_cache: dict[tuple[str, str], tuple[float, float, str | None]] = {}
 
     @classmethod
