@@ -23,10 +23,11 @@ request: a rank sized to a TPOT prediction 2% low misses 10–35% of its request
 agent-235b, a never-run TP4PP2 H100 rank predicted at 59.8 ms against 60 and run at a median
 of 60). TTFT has no margin: its law is wide (queueing), so a small bias at the p99 moves only a
 few requests. A chain with records of its own is sized to the target: its correction is its own.
-Measured on hetero-3h, seeds 0–5, against no margin: the rolling MILP (which never learns, so
-every chain is unseen) +0.52 ± 0.10 on the composite, better on 6 of 6 seeds (+0.46 at 90%);
-Koi −0.11 ± 0.20 (3 of 6; −0.44 ± 0.35 with the margin on every chain, seen ones included,
-where it stacks on the chain's own learned correction).
+Measured against no margin (composite, mean over seeds): hetero-12h, seeds 0–2, Koi 89.23
+against 87.86 (agent-235b's p99 windows 36% → 82%) and the rolling MILP 87.92 against 89.03;
+hetero-3h, seeds 0–5, Koi −0.11 ± 0.20 (better on 3 of 6) and the MILP (which never learns, so
+every chain is unseen) +0.52 ± 0.10 (6 of 6; +0.46 at 90%). The margin on every chain, seen ones
+included, cost Koi 0.44 ± 0.35 on hetero-3h: there it stacks on the chain's own learned correction.
 """
 
 from __future__ import annotations
