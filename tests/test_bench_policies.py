@@ -79,7 +79,7 @@ SCENARIO = {
 }
 
 ALL = ["fcfs", "edf", "best-fixed", "prism", "milp", "bandit", "evo", "koi", "koi-nodag", "koi-frozen",
-       "koi-scripted", "llm-only", "koi-llm", "oracle"]
+       "koi-physics", "koi-scripted", "llm-only", "koi-llm", "oracle"]
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ class Run:
 #: Policies whose tests look at tick 2 (the first tick with a full window of a rank placed at tick 0)
 THREE_TICKS = {"bandit", "evo", "best-fixed"}
 #: the learning policies run a tick more: PerfDB takes a rank's window once it has served two full ones
-FOUR_TICKS = {"koi", "koi-frozen"}
+FOUR_TICKS = {"koi", "koi-frozen", "koi-physics"}
 
 
 def run_policy(tmp_path_factory, scenario, name: str, *, seed: int = 0, n_ticks: int | None = None,
@@ -179,7 +179,7 @@ def test_every_policy_is_registered_with_its_label_family_and_flags():
     assert specs["oracle"].family is Family.ORACLE and specs["koi-nodag"].family is Family.ABLATION
     assert {p.name for p in all_policies() if not p.name.startswith("test-")} == set(ALL) - {"llm-only", "koi-llm"}  # needs_llm hidden by default
     learning = {n for n, p in specs.items() if p.run_s3}
-    assert learning == {"koi", "koi-nodag", "koi-scripted", "koi-llm"}
+    assert learning == {"koi", "koi-nodag", "koi-physics", "koi-scripted", "koi-llm"}
     assert {n for n, p in specs.items() if p.run_s2} == learning | {"koi-frozen"}
     assert {n for n, p in specs.items() if p.stochastic} >= {"bandit", "evo", "koi-scripted"}
     assert not specs["koi-scripted"].needs_llm and specs["llm-only"].needs_llm and specs["koi-llm"].needs_llm
@@ -501,6 +501,30 @@ def test_koi_frozen_keeps_beliefs_and_slow_state_at_their_seeds_while_koi_learns
         pctx = ProposeContext(session=s, cluster_id=frozen.cluster_id, tick=2, snapshot=snap)
         assert not frozen.proposer.context(pctx).predictor.env_sensitive
         assert load_planning_context(s, frozen.cluster_id, 2).predictor.env_sensitive  # what S5 reads
+
+
+def test_koi_physics_learns_everything_but_plans_on_the_operator_physics(runs):
+    from koi.domain import ClusterSnapshot
+    from koi.pipeline.runtime import ProposeContext
+    from koi.planning.tick import load_planning_context
+    from koi.store import Stage, load_stage_model
+
+    run = runs("koi-physics")
+    slow, beliefs, n_perf = _state(run, 2)
+    seed_slow, seed_beliefs, _ = _state(run, -1)
+    # the loop runs: S3 moved the slow state and the beliefs, S1 wrote PerfDB
+    assert slow.tick == 2 and slow.model_dump(exclude={"tick"}) != seed_slow.model_dump(exclude={"tick"})
+    assert beliefs.edges != seed_beliefs.edges and n_perf > 0
+    assert any(a["mechanism_id"] for p in run.plans() for a in p["actions"])  # exploration and scoping on
+    with session_scope(run.engine) as s:
+        snap = load_stage_model(s, run.cluster_id, 2, Stage.S0_SNAPSHOT, ClusterSnapshot)
+        pctx = ProposeContext(session=s, cluster_id=run.cluster_id, tick=2, snapshot=snap)
+        mine, full = run.proposer.context(pctx), load_planning_context(s, run.cluster_id, 2)
+        # S4 plans on the physics although the records are there (what Koi and S5 fit on) ...
+        assert full.predictor.env_sensitive and not mine.predictor.env_sensitive
+        # ... with the learned slow state (not the cold-start knobs) and the running ladders' observed risk
+        assert mine.knobs == full.knobs and mine.knobs.eps == pytest.approx(slow.epsilon)
+        assert mine.observed_risk == full.observed_risk
 
 
 def test_koi_nodag_plans_without_exploration_or_mechanism_ids(runs):

@@ -9,8 +9,8 @@ over seeds with :func:`koi.bench.evaluator.aggregate` (mean ± sample std):
   the oracle row is marked as an upper bound and left out of best/second-best; a "Δ vs.
   best baseline" row compares Koi with the best non-Koi policy by overall score (pp for
   percentages, % for goodput, $/token and score, as the paper does);
-- the ablation table (Table 4 layout): Koi and its ablations (koi-nodag, koi-frozen,
-  koi-scripted) and the language-model planners when they ran;
+- the ablation table (Table 4 layout): Koi and its ablations (koi-nodag, koi-frozen; koi-physics and
+  koi-scripted when they ran) and the language-model planners when they ran;
 - Koi against each policy paired by seed, and the paper's claims checked on these runs
   (:mod:`koi.bench.paired`; also under ``paired`` and ``claims`` in the JSON);
 - the formulas, verbatim from :data:`koi.bench.evaluator.FORMULAS`.
@@ -51,7 +51,7 @@ MAIN_COLUMNS: tuple[tuple[str, str, float, bool, bool], ...] = (
     ("composite", "Overall score", 1.0, True, False),
 )
 #: Koi and its ablations, in the ablation table's order; LLM planners join when they ran.
-ABLATION = (pr.KOI, *pr.ABLATIONS, "koi-scripted")
+ABLATION = (pr.KOI, *pr.ABLATIONS, "koi-physics", "koi-scripted")
 LLM_ABLATION = ("llm-only", "koi-llm")
 KOI = pr.KOI
 ORACLE_MARK = " (upper bound)"

@@ -16,6 +16,7 @@ name                      label                                 module
 ``koi``                   Koi                                   :mod:`koi.bench.policies.koi_variants`
 ``koi-nodag``             Koi without DAG/mechanisms            :mod:`koi.bench.policies.koi_variants`
 ``koi-frozen``            Koi without online learning           :mod:`koi.bench.policies.koi_variants`
+``koi-physics``           Koi without residual learning         :mod:`koi.bench.policies.koi_variants`
 ``koi-scripted``          Koi with a scripted LLM               :mod:`koi.bench.policies.koi_variants`
 ``llm-only``, ``koi-llm`` LLM only (no tools) / Koi with LLM    :mod:`koi.bench.policies.llm` (need an LLM)
 ``oracle``                Oracle (true performance)             :mod:`koi.bench.policies.oracle`

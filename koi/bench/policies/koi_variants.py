@@ -21,6 +21,17 @@ for every policy, read the records S1 wrote for all of them).
 Still on: S2 (evidence rows are written, never applied: they show what the frozen planner
 could have learned), exploration with the seed beliefs at β_0, mechanism scoping.
 
+``koi-physics`` — "Koi without residual learning". Off: the surrogate fitted on PerfDB; S4 plans on the
+operator physics every tick (the fresh surrogate the rolling MILP plans on, so every chain is unseen and
+sized under the unseen-chain TPOT margin). Still on: everything else of the loop — S2 and S3 (evidence,
+Beta beliefs, the slow loop's ε, B, λ, class weights and z*), exploration with the learned beliefs,
+mechanism scoping and the running ladders' observed risk (a breaching ladder is still repaired). It
+isolates what the residual learner itself is worth, which neither proper ablation does (``koi-frozen``
+removes it together with the slow loop and the beliefs, ``koi-nodag`` keeps it). Not one of the issue's
+ablations (:data:`koi.bench.paired.ABLATIONS`): it sits in the ablation table, not in the claims. Choice:
+S5 validates its plans with the fitted surrogate, as for every policy (the validator is the platform's,
+not the planner's).
+
 ``koi-scripted`` — Koi with the RLM planner driven by :mod:`koi.agent.scripted`'s "bench"
 policy (usually the deterministic plan, sometimes a worse or an invalid one), through the
 sandboxed REPL, the tools and the selection of :mod:`koi.agent.planner` (the deterministic
@@ -62,6 +73,13 @@ class KoiNoDag(KoiProposer):
 
     def context(self, ctx: Any) -> Any:
         return planning_context(ctx, beta=0.0, explore=False)
+
+
+class KoiPhysics(KoiProposer):
+    policy = "koi-physics"
+
+    def context(self, ctx: Any) -> Any:
+        return planning_context(ctx, predictor=fresh_predictor())
 
 
 class KoiFrozen(KoiProposer):
@@ -123,6 +141,12 @@ KOI_FROZEN = register(PolicySpec(
     run_s2=True, run_s3=False, relative_cost=1.4,
     description="Koi with S3 skipped (beliefs and slow state frozen at their seeds) and no residual learning "
                 "(no PerfDB); S2 still writes evidence.",
+))
+KOI_PHYSICS = register(PolicySpec(
+    name="koi-physics", label="Koi without residual learning", family=Family.ABLATION,
+    make_proposer=_make(KoiPhysics), run_s2=True, run_s3=True, relative_cost=1.6,
+    description="Koi's whole loop (evidence, beliefs, slow loop, exploration, observed risk) planning on the "
+                "operator physics: the surrogate is never fitted on PerfDB.",
 ))
 KOI_SCRIPTED = register(PolicySpec(
     name="koi-scripted", label="Koi with a scripted LLM", family=Family.LLM, make_proposer=_make(KoiScripted),
