@@ -130,8 +130,8 @@ def planning_price(pool: Pool, committed_share: float) -> float:
     so what a plan changes by placing a rank on it is close to nothing, while a spot or on-demand
     rank is bought for as long as it runs. Priced at its commitment rate (60% of on-demand), a
     reserved GPU looked dearer than a spot one and no cheaper than it is to the fleet: on hetero-3h
-    (seed 0) at least 24 of the 32 reserved A100-80GB sat idle from tick 19 to the end under the rolling
-    MILP (from tick 28 under Koi) while other jobs paid on-demand and spot prices. Choice where the spec is
+    (seed 0) 24 of the 32 reserved A100-80GB sat idle from the second hour to the end under Koi and
+    the rolling MILP alike while other jobs paid on-demand and spot prices. Choice where the spec is
     silent: ``committed_share`` (:class:`koi.scoring.params.PlanningKnobs`, 0.2) of the list price,
     not 0 — the cost objective's range is normalised by the cheapest candidate's cost
     (:mod:`koi.scoring.tchebycheff`) and reserved options still rank among themselves by size. Taking
