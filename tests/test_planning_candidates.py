@@ -234,30 +234,3 @@ def test_an_in_place_swap_into_a_full_pool_goes_dark_for_its_cold_start() -> Non
     # the generator charges it: the same swap leaves demand unserved in the full pool only
     twin = next(c for c in roomy.all_scored if c.cand_id == swap.cand_id)
     assert swap.unserved == pytest.approx(twin.unserved + gap)
-
-
-def test_committed_capacity_is_planned_at_its_marginal_price() -> None:
-    from koi.planning.capacity import planning_price
-    from koi.scoring.params import PlanningKnobs
-
-    res = pool("aws", "p4de.24xlarge", "us-east-1", market="reserved", total=2)
-    spot = pool("aws", "p4de.24xlarge", "us-east-1", market="spot", total=2, zone="us-east-1b")
-    od = pool("aws", "p4de.24xlarge", "us-east-1", total=2, zone="us-east-1c")
-    assert spot.hourly_price < res.hourly_price < od.hourly_price  # the list prices the bill uses
-    assert planning_price(res, 0.2) == pytest.approx(0.2 * res.hourly_price)
-    assert planning_price(spot, 0.2) == spot.hourly_price and planning_price(od, 0.2) == od.hourly_price
-    snap = snapshot([online_job("o", "llama-3.1-8b", 20.0, 1500, 40)], [res, spot, od])
-
-    def best(share: float):
-        jc = generate(snap, PlanningContext(predictor=AnalyticPredictor(),
-                                            knobs=PlanningKnobs(committed_share=share)))["o"]
-        top = jc.candidates[0]
-        return top.ranks[0].env.market, top.hourly_price, top.ranks[0]
-
-    market, price, rank = best(0.2)
-    assert market == "reserved"  # paid for whether it serves or idles: the planner fills it first
-    assert price == pytest.approx(rank.instances * 0.2 * res.hourly_price)
-    # priced at the commitment, the same instance on spot is cheaper and wins
-    assert best(1.0)[0] == "spot"
-    with pytest.raises(ValueError):
-        PlanningKnobs(committed_share=0.0)

@@ -96,7 +96,7 @@ from koi.domain.hardware import Environment
 from koi.domain.job import JobState, JobStatus
 from koi.domain.model import ModelArch
 from koi.planning.budget import BudgetSlice
-from koi.planning.capacity import PoolIndex, held_replicas, instances_for, planning_price, size_online
+from koi.planning.capacity import PoolIndex, held_replicas, instances_for, size_online
 from koi.planning.context import PlanningContext
 from koi.planning.demand import batch_curve, demand_tps
 from koi.planning.enumeration import chain_configs
@@ -252,11 +252,8 @@ class CandidateGenerator:
         gpi = pool.gpus_per_instance
         e = env or pool.env
         return RankSpec(self._pid.get(id(pool)) or pool.pool_id, e, cfg, n, est,
-                        instances_for(cfg.tp * cfg.pp * cfg.dp, n, gpi), self._price(pool), gpi,
+                        instances_for(cfg.tp * cfg.pp * cfg.dp, n, gpi), pool.hourly_price, gpi,
                         self._cold(model, cfg, gpi), self._chain(e, cfg))
-
-    def _price(self, pool: Pool) -> float:
-        return planning_price(pool, self.ctx.knobs.committed_share)
 
     def _chain(self, env: Environment, cfg: ChainConfig) -> Chain:
         key = (id(env), id(cfg))
@@ -407,7 +404,7 @@ class CandidateGenerator:
         rows_pid = [self._pid[id(pl)] for pl in rows_pool]
         rp = np.array(rows_p, dtype=int)
         inst = np.array([protos[i].instances for i in rows_p], dtype=float)
-        price = inst * np.array([self._price(pl) for pl in rows_pool]) if F else np.zeros(0)
+        price = inst * np.array([pl.hourly_price for pl in rows_pool]) if F else np.zeros(0)
         if F:
             y = ev.y[rp].copy()
             y[:, 0] = outcomes.cost_per_token(price, ev.served_tps[rp])

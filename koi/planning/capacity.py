@@ -39,7 +39,6 @@ from collections.abc import Iterable, Mapping
 
 from koi.domain.chain import Ladder, Rank
 from koi.domain.cluster import Deployment, DeploymentState, Pool, ResourceMap
-from koi.domain.common import Market
 
 
 def instances_for(gpus_per_chain: int, n_replicas: int, gpus_per_instance: int) -> int:
@@ -120,26 +119,6 @@ class PoolIndex:
 
     def ladder_price(self, ladder: Ladder | None) -> float:
         return 0.0 if ladder is None else sum(self.rank_price(r) for r in ladder.ranks)
-
-
-def planning_price(pool: Pool, committed_share: float) -> float:
-    """$/hour per instance of ``pool`` as the planner weighs it: the list price, except committed capacity.
-
-    A reserved instance is paid for whether it serves or idles — the fleet's cost counts idle
-    reserved capacity (so does the evaluator's cost per SLO token, :mod:`koi.bench.evaluator`) —
-    so what a plan changes by placing a rank on it is close to nothing, while a spot or on-demand
-    rank is bought for as long as it runs. Priced at its commitment rate (60% of on-demand), a
-    reserved GPU looked dearer than a spot one and no cheaper than it is to the fleet: on hetero-3h
-    (seed 0) 24 of the 32 reserved A100-80GB sat idle from the second hour to the end under Koi and
-    the rolling MILP alike while other jobs paid on-demand and spot prices. Choice where the spec is
-    silent: ``committed_share`` (:class:`koi.scoring.params.PlanningKnobs`, 0.2) of the list price,
-    not 0 — the cost objective's range is normalised by the cheapest candidate's cost
-    (:mod:`koi.scoring.tchebycheff`) and reserved options still rank among themselves by size. Taking
-    a reserved instance another job could use is an opportunity cost, which the joint selector weighs
-    (capacity C1 and the other jobs' σ), not the price. What the fleet is billed is unchanged.
-    """
-    share = committed_share if pool.env.market == Market.RESERVED else 1.0
-    return pool.hourly_price * share
 
 
 def swap_delta(new_usage: Mapping[str, int], old_usage: Mapping[str, int]) -> dict[str, int]:
