@@ -517,14 +517,15 @@ def test_koi_physics_learns_everything_but_plans_on_the_operator_physics(runs):
     assert beliefs.edges != seed_beliefs.edges and n_perf > 0
     assert any(a["mechanism_id"] for p in run.plans() for a in p["actions"])  # exploration and scoping on
     with session_scope(run.engine) as s:
-        snap = load_stage_model(s, run.cluster_id, 2, Stage.S0_SNAPSHOT, ClusterSnapshot)
-        pctx = ProposeContext(session=s, cluster_id=run.cluster_id, tick=2, snapshot=snap)
-        mine, full = run.proposer.context(pctx), load_planning_context(s, run.cluster_id, 2)
+        # tick 3: the first whose running ladders have settled windows (observed risk is not empty)
+        snap = load_stage_model(s, run.cluster_id, 3, Stage.S0_SNAPSHOT, ClusterSnapshot)
+        pctx = ProposeContext(session=s, cluster_id=run.cluster_id, tick=3, snapshot=snap)
+        mine, full = run.proposer.context(pctx), load_planning_context(s, run.cluster_id, 3)
         # S4 plans on the physics although the records are there (what Koi and S5 fit on) ...
         assert full.predictor.env_sensitive and not mine.predictor.env_sensitive
         # ... with the learned slow state (not the cold-start knobs) and the running ladders' observed risk
-        assert mine.knobs == full.knobs and mine.knobs.eps == pytest.approx(slow.epsilon)
-        assert mine.observed_risk == full.observed_risk
+        assert mine.knobs == full.knobs and mine.knobs.eps == pytest.approx(_state(run, 3)[0].epsilon)
+        assert full.observed_risk and mine.observed_risk == full.observed_risk
 
 
 def test_koi_nodag_plans_without_exploration_or_mechanism_ids(runs):
