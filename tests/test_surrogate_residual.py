@@ -122,6 +122,31 @@ def test_a_speed_difference_is_learned_in_the_physics_and_transfers_across_loads
     assert s.rank_capacity(job(), H100_RANK.chain).saturation_rps < 0.9 * sat
 
 
+def test_predict_record_is_the_planners_corrected_prediction_at_the_records_load():
+    """What the slow loop's band check compares an outcome with (koi.calibration.coverage): the physics
+    re-run at the learned speed and the record's served rate, not the base scaled by the speed (which
+    misses how a slower GPU's latencies grow with load)."""
+    s0 = Surrogate()
+    sat = s0.rank_capacity(job(), H100_RANK.chain).saturation_rps
+
+    def record(t: int, rate: float) -> PerfRecord:
+        truth = s0.predict_many(job(rate), [H100_RANK.chain], offered_rps=rate, speed=1.2).rank(0)
+        base = s0.predict_rank(job(rate), H100_RANK, offered_rps=rate)
+        return PerfRecord.of("c", t, job(rate), H100_RANK, observed_v={}, predicted=base.base_values,
+                             observed_y={k: truth.values[k] for k in ("p99_tpot_ms", "p99_ttft_ms")})
+
+    fitted = Surrogate.from_records([record(t, rho * sat) for t, rho in enumerate(np.linspace(0.1, 0.5, 10))])
+    rec = record(99, 0.6 * sat / 1.2)
+    got = fitted.residuals.predict_record(rec, ["p99_ttft_ms", "p99_tpot_ms"])
+    no_ttft = rec.model_copy(update={"predicted": {k: v for k, v in rec.predicted.items() if k != "p99_ttft_ms"}})
+    assert set(fitted.residuals.predict_record(no_ttft, ["p99_ttft_ms", "p99_tpot_ms"])) == {"p99_tpot_ms"}
+    first_order = fitted.residuals.correct_values(rec.predicted, scope_of(H100_RANK))
+    for q in ("p99_ttft_ms", "p99_tpot_ms"):
+        assert got[q] == pytest.approx(rec.observed_y[q], rel=0.04)
+        assert abs(first_order[q] / rec.observed_y[q] - 1) > 0.1
+    assert ResidualModel.empty().predict_record(rec, ["p99_tpot_ms"]) == {"p99_tpot_ms": rec.predicted["p99_tpot_ms"]}
+
+
 def test_correction_is_not_applied_outside_its_scope(records):
     s = Surrogate.from_records(records)
     q = corrected(s, A100_RANK, 3.0, job_id="another-job")

@@ -11,10 +11,11 @@ Slow-loop inputs resolved from the store when the caller does not pass them:
   the job's class from the jobs table;
 - swaps: ladder-carrying actions for jobs that were active at t − 1 in the plan committed
   at t − 1, over the active jobs of t − 1's snapshot (no committed plan: zero swaps);
-- coverage: each PerfDB record of t whose outcome had a prediction is checked against
-  the DRO band of :func:`koi.scoring.risk.dro_band` at ε_{t−1}, built from that job's
-  earlier relative residuals of the same objective. A planner that keeps its own band
-  checks should pass them in instead.
+- coverage: each PerfDB record of t is checked against the DRO bands the plan of t − 1 was made
+  with, at ε_{t−1}: the surrogate fitted on the records before t, its corrected prediction and its
+  prequential residuals; an online job's latencies, a batch job's throughput
+  (:mod:`koi.calibration.coverage`). A planner that keeps its own band checks should pass them
+  in instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from sqlmodel import Session
 
+from koi.calibration.coverage import band_coverage
 from koi.calibration.slow import OutcomeObservation, SlowInputs, initial_slow_state, slow_update
 from koi.calibration.state import CoveragePoint, SlowConfig, SlowState, SwapPoint
 from koi.causal.graph import CausalGraph
@@ -32,10 +34,6 @@ from koi.domain.common import JobClass
 from koi.logging import get_logger
 
 log = get_logger(__name__)
-
-#: Objectives whose DRO band coverage feeds ε (the ones with predictions and SLOs).
-COVERAGE_OBJECTIVES = ("p99_ttft_ms", "p99_tpot_ms", "throughput_tokens_per_sec")
-
 
 def load_slow(session: Session, cluster_id: str, tick: int, config: SlowConfig | None = None) -> SlowState:
     """The slow state after ``tick`` (the initial state before the first one)."""
@@ -78,26 +76,20 @@ def load_swaps(session: Session, cluster_id: str, tick: int) -> SwapPoint | None
     return SwapPoint(tick=tick, n_swapped=n, n_active=len(active))
 
 
-def load_coverage(session: Session, cluster_id: str, tick: int, eps: float, history: int = 50) -> CoveragePoint | None:
-    from koi.store import query_perf
+def load_coverage(session: Session, cluster_id: str, tick: int, eps: float) -> CoveragePoint | None:
+    """κ_t's band check of the records of ``tick`` (:mod:`koi.calibration.coverage`) against the surrogate
+    fitted on the records before it — the one the plan of t − 1 was made with (S4 of t − 1 fitted the
+    same records, so :func:`koi.planning.tick.predictor_for_records` usually has it)."""
+    from koi.planning.tick import predictor_for_records
+    from koi.store import get_jobs, query_perf
 
-    try:
-        from koi.scoring.risk import dro_band
-    except ImportError:
+    records = query_perf(session, cluster_id=cluster_id)
+    now = [r for r in records if r.tick == tick]
+    if not now:
         return None
-    recs = query_perf(session, cluster_id=cluster_id, since_tick=max(0, tick - history))
-    inside = total = 0
-    for r in (x for x in recs if x.tick == tick):
-        for obj in COVERAGE_OBJECTIVES:
-            y, p = r.observed_y.get(obj), r.predicted.get(obj)
-            if y is None or p is None or p == 0:
-                continue
-            res = [(h.observed_y[obj] - h.predicted[obj]) / h.predicted[obj] for h in recs
-                   if h.job_id == r.job_id and h.tick < tick and obj in h.observed_y and h.predicted.get(obj)]
-            lo, hi = dro_band(p, res, eps)
-            total += 1
-            inside += bool(float(lo) <= y <= float(hi))
-    return CoveragePoint(tick=tick, n_inside=inside, n_total=total) if total else None
+    surrogate = predictor_for_records([r for r in records if r.tick < tick]).surrogate  # type: ignore[attr-defined]
+    batch = {j.job.job_id for j in get_jobs(session, cluster_id) if j.job.job_class is JobClass.BATCH}
+    return band_coverage(surrogate.residuals, now, tick, eps, batch)
 
 
 def run_beliefs(session: Session, cluster_id: str, tick: int, *, tables: UpdateTables | None = None,

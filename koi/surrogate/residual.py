@@ -480,6 +480,24 @@ class ResidualModel:
                 out[q] = out[q] * math.exp(eff.log_factor(scope, skip))
         return out
 
+    def predict_record(self, record: PerfRecord, quantities: Sequence[str]) -> dict[str, float]:
+        """This model's corrected prediction of ``quantities`` for a PerfDB record, as its prequential
+        residuals are computed (the physics re-run at the record's served rate and the fitted speed,
+        then the output factors): what the planner holding this model expected of that rank. Quantities
+        the record has no base value for are left out."""
+        pred = dict(record.predicted)
+        if not pred:
+            return {}
+        curve = _ratio_curves(physics_curves([record])[0]) if self.n_records else {}
+        row = _Row(record.config.engine_name, scope_of_record(record), pred, {}, curve, int(record.tick))
+        speed = self.speed_effects or _empty_effects()
+        out = {}
+        for q in quantities:
+            p = _row_prediction(row, speed, self.effects, q)
+            if p is not None:
+                out[q] = p
+        return out
+
     def correct(self, prediction: Any, scope: Scope | None = None) -> Any:
         """A corrected copy of a base :class:`~koi.surrogate.types.RankPrediction` (first-order in
         speed; cost and margin re-derived). ``Surrogate(residuals=model)`` is the exact path."""
@@ -593,28 +611,38 @@ def _prefix_fit(rows: list[_Row], y_speed: np.ndarray, ok: np.ndarray, start: in
     return hit
 
 
+def _row_prediction(row: _Row, speed: _Effects, effects: dict[str, _Effects], q: str) -> float | None:
+    """The corrected prediction of ``q`` for one record under a fit: the base at the record's served
+    rate, moved along the physics' own speed curve to the fitted speed, times the output factor.
+    None where the record has no base value or the physics at that speed predicts none."""
+    b = row.predicted.get(q, 0.0)
+    if not (b > _EPS and math.isfinite(b)):
+        return None
+    logf = speed.log_factor(row.scope)
+    if q == "cost_per_token":
+        thr = row.curve.get("throughput_tokens_per_sec")
+        g = effects.get("throughput_tokens_per_sec")
+        corr = _at(thr, logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
+        pred = b / max(corr, _EPS)
+    else:
+        g = effects.get(q)
+        pred = b * _at(row.curve.get(q), logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
+    return pred if pred > _EPS else None  # a queue that empties at that speed: no ratio
+
+
 def _block_residuals(rows: list[_Row], start: int, stop: int, speed: _Effects, effects: dict[str, _Effects]
                      ) -> list[tuple[int, str, float]]:  # fmt: skip
     """(record index, quantity, obs/pred − 1) of ``rows[start:stop]`` under the fit before them."""
     out = []
     for i in range(start, stop):
         row = rows[i]
-        logf = speed.log_factor(row.scope)
         for q in (*CORRECTED, "cost_per_token"):
-            o, b = row.observed.get(q, 0.0), row.predicted.get(q, 0.0)
-            if not (o > _EPS and b > _EPS and math.isfinite(o) and math.isfinite(b)):
+            o = row.observed.get(q, 0.0)
+            if not (o > _EPS and math.isfinite(o)):
                 continue
-            if q == "cost_per_token":
-                thr = row.curve.get("throughput_tokens_per_sec")
-                g = effects.get("throughput_tokens_per_sec")
-                corr = _at(thr, logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
-                pred = b / max(corr, _EPS)
-            else:
-                g = effects.get(q)
-                pred = b * _at(row.curve.get(q), logf) * (math.exp(g.log_factor(row.scope)) if g else 1.0)
-            if not pred > _EPS:  # the physics at the fitted speed predicts none (a queue that empties): no ratio
-                continue
-            out.append((i, q, o / pred - 1.0))
+            pred = _row_prediction(row, speed, effects, q)
+            if pred is not None:
+                out.append((i, q, o / pred - 1.0))
     return out
 
 

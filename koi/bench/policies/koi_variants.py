@@ -30,7 +30,8 @@ isolates what the residual learner itself is worth, which neither proper ablatio
 removes it together with the slow loop and the beliefs, ``koi-nodag`` keeps it). Not one of the issue's
 ablations (:data:`koi.bench.paired.ABLATIONS`): it sits in the ablation table, not in the claims. Choice:
 S5 validates its plans with the fitted surrogate, as for every policy (the validator is the platform's,
-not the planner's).
+not the planner's); for the same reason its slow loop checks ε's coverage on the fitted surrogate's band
+(:mod:`koi.calibration.coverage`), as Koi's does.
 
 ``koi-scripted`` — Koi with the RLM planner driven by :mod:`koi.agent.scripted`'s "bench"
 policy (usually the deterministic plan, sometimes a worse or an invalid one), through the
