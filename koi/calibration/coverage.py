@@ -22,8 +22,8 @@ t − 1 was made with, the fit on the records before t (:func:`check_records`):
   exactly: its tight band is not one the planner plans with, and counting it moved ε.
 
 Before this, the check used the base (physics) prediction and the job's own base residuals: it
-measured a band the planner never uses (on hetero-3h its coverage sat below 0.85 all run and ε grew
-0.15 → 0.30–0.42 in three hours).
+measured a band the planner never uses (on hetero-3h seed 0's PerfDB that band needed ε ≈ 0.5 to
+hold 90% of the outcomes, the planner's needs ≈ 0.3).
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ def check_records(model: Any, records: Sequence[Any], eps: float,
 
     batch = set(batch_jobs)
     model = model if model is not None else ResidualModel.empty()
-    learned = bool(model.n_records)
     inside = total = 0
     for r in records:
         objectives = BATCH_BANDS if r.job_id in batch else ONLINE_BANDS
@@ -61,8 +60,7 @@ def check_records(model: Any, records: Sequence[Any], eps: float,
             y, p = r.observed_y.get(obj), y_hat.get(obj)
             if y is None or p is None or not (np.isfinite(y) and np.isfinite(p)) or p <= 0:
                 continue
-            res = model.residuals(obj, scope) if learned else None
-            lo, hi = dro_band(p, res if res is not None and len(res) else None, eps)
+            lo, hi = dro_band(p, model.residuals(obj, scope), eps)  # none yet: the cold band ŷ ± ε
             total += 1
             inside += bool(float(lo) <= y <= float(hi))
     return inside, total
