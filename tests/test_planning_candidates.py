@@ -234,3 +234,51 @@ def test_an_in_place_swap_into_a_full_pool_goes_dark_for_its_cold_start() -> Non
     # the generator charges it: the same swap leaves demand unserved in the full pool only
     twin = next(c for c in roomy.all_scored if c.cand_id == swap.cand_id)
     assert swap.unserved == pytest.approx(twin.unserved + gap)
+
+
+def test_reserved_capacity_is_planned_at_its_opportunity_cost() -> None:
+    """An idle reserved pool is planned at s × its list price, a full one at list (planning_price)."""
+    from koi.planning.capacity import planning_price
+    from koi.scoring.params import PlanningKnobs
+
+    def res(free: int):
+        return pool("aws", "p4de.24xlarge", "us-east-1", market="reserved", total=4, free=free)
+
+    spot = pool("aws", "p4de.24xlarge", "us-east-1", market="spot", total=4, zone="us-east-1b")
+    od = pool("aws", "p4de.24xlarge", "us-east-1", total=4, zone="us-east-1c")
+    list_price = res(4).hourly_price
+    assert spot.hourly_price < list_price < od.hourly_price  # the list prices the bill uses
+    assert planning_price(res(4), 0.2) == pytest.approx(0.2 * list_price)  # idle: paid for whether used or not
+    assert planning_price(res(2), 0.2) == pytest.approx(0.6 * list_price)  # half used: half the way to list
+    assert planning_price(res(0), 0.2) == pytest.approx(list_price)  # full: what another job would lose
+    assert planning_price(res(0), 0.2, own=3) == pytest.approx(0.4 * list_price)  # a job's own instances: no rival
+    assert planning_price(spot, 0.2) == spot.hourly_price and planning_price(od, 0.2) == od.hourly_price
+
+    def best(free: int, share: float = 0.2):
+        snap = snapshot([online_job("o", "llama-3.1-8b", 20.0, 1500, 40)], [res(free), spot, od])
+        jc = generate(snap, PlanningContext(predictor=AnalyticPredictor(),
+                                            knobs=PlanningKnobs(committed_share=share)))["o"]
+        top = jc.candidates[0]
+        return top.ranks[0].env.market, top.hourly_price, top.ranks[0]
+
+    market, price, rank = best(4)
+    assert market == "reserved"  # an idle commitment is the cheapest capacity the fleet has
+    assert price == pytest.approx(rank.instances * 0.2 * list_price)
+    # the same reserved pool three quarters held by other jobs is priced near its list: spot wins
+    market, price, rank = best(1)
+    assert market == "spot" and price == pytest.approx(rank.instances * spot.hourly_price)
+    assert best(4, share=1.0)[0] == "spot"  # s = 1: the commitment rate, dearer than spot
+    # a job running on three of four reserved instances: they are no other job's demand, so its keep is
+    # priced as if the pool held only the fourth's rival (free 1 of 4 → u = 0), another job's at u = 3/4
+    r4 = res(4)
+    snap = with_running(snapshot([online_job("o", "llama-3.1-8b", 20.0, 1500, 40),
+                                  online_job("n", "llama-3.1-8b", 20.0, 1500, 40)], [r4, spot, od]),
+                        {"o": Ladder(ranks=[Rank(env=r4.env, config=ChainConfig(instance_type="p4de.24xlarge", tp=8),
+                                                 n_replicas=3)])})
+    got = generate(snap, PlanningContext(predictor=AnalyticPredictor(), knobs=PlanningKnobs(committed_share=0.2)))
+    keep = got["o"].keep.ranks[0]
+    assert keep.unit_price == pytest.approx(0.2 * list_price)
+    other = [r for c in got["n"].all_scored for r in c.ranks if r.pool_id == r4.pool_id]
+    assert other and all(r.unit_price == pytest.approx(0.8 * list_price) for r in other)
+    with pytest.raises(ValueError):
+        PlanningKnobs(committed_share=0.0)

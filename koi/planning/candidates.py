@@ -96,7 +96,7 @@ from koi.domain.hardware import Environment
 from koi.domain.job import JobState, JobStatus
 from koi.domain.model import ModelArch
 from koi.planning.budget import BudgetSlice
-from koi.planning.capacity import PoolIndex, held_replicas, instances_for, size_online
+from koi.planning.capacity import PoolIndex, held_replicas, instances_for, planning_price, size_online
 from koi.planning.context import PlanningContext
 from koi.planning.demand import batch_curve, demand_tps
 from koi.planning.enumeration import chain_configs
@@ -155,6 +155,7 @@ class CandidateGenerator:
         self._pid: dict[int, str] = {id(p): pid for pid, p in self.pools.by_id.items()}
         self._chains: dict[tuple[int, int], Chain] = {}
         self._chain_est: dict[tuple, ChainEstimate] = {}
+        self._own: dict[str, dict[str, int]] = {}
 
     # -- helpers ---------------------------------------------------------------------------------
     def _classes(self, slice_: BudgetSlice | None) -> list[tuple[str, list[Pool]]]:
@@ -247,13 +248,26 @@ class CandidateGenerator:
             self._cold_cache[key] = hit
         return hit
 
-    def _spec(self, pool: Pool, cfg: ChainConfig, est: ChainEstimate, n: int, model: ModelArch,
+    def _spec(self, pool: Pool, cfg: ChainConfig, est: ChainEstimate, n: int, model: ModelArch, job_id: str,
               env: Environment | None = None) -> RankSpec:
         gpi = pool.gpus_per_instance
         e = env or pool.env
-        return RankSpec(self._pid.get(id(pool)) or pool.pool_id, e, cfg, n, est,
-                        instances_for(cfg.tp * cfg.pp * cfg.dp, n, gpi), pool.hourly_price, gpi,
+        pid = self._pid.get(id(pool)) or pool.pool_id
+        return RankSpec(pid, e, cfg, n, est, instances_for(cfg.tp * cfg.pp * cfg.dp, n, gpi),
+                        self._price(pid, pool, job_id), gpi,
                         self._cold(model, cfg, gpi), self._chain(e, cfg))
+
+    def _price(self, pid: str, pool: Pool, job_id: str) -> float:
+        """$/h per instance as ``job_id``'s planner weighs it (:func:`koi.planning.capacity.planning_price`:
+        on the snapshot's pool — a budget slice's copy may show fewer free instances — net of the
+        instances the job itself holds there)."""
+        snap = self.pools.by_id.get(pid)
+        if snap is None:
+            return pool.hourly_price
+        own = self._own.get(job_id)
+        if own is None:
+            own = self._own[job_id] = self.pools.held_usage(d for d in self.snapshot.deployments if d.job_id == job_id)
+        return planning_price(snap, self.ctx.knobs.committed_share, own.get(pid, 0))
 
     def _chain(self, env: Environment, cfg: ChainConfig) -> Chain:
         key = (id(env), id(cfg))
@@ -307,7 +321,7 @@ class CandidateGenerator:
                 out.append(RankSpec(f"?{r.env.env_id}/{r.config.instance_type}", r.env, r.config, r.n_replicas, e,
                                     r.n_replicas, 0.0, max(r.config.gpus, 1), self._cold(model, r.config, 8)))
             else:
-                out.append(self._spec(p, r.config, e, r.n_replicas, model, env=r.env))
+                out.append(self._spec(p, r.config, e, r.n_replicas, model, js.job.job_id, env=r.env))
         return tuple(out)
 
     def activation(self, js: JobState, ranks: Sequence[RankSpec], model: ModelArch, sig: str | None = None) -> Activation:
@@ -385,7 +399,7 @@ class CandidateGenerator:
         P = len(protos)
         keep_eval = None
         if P or current:
-            rep: list[tuple[RankSpec, ...]] = [(self._spec(classes[p.cls][1][0], p.config, p.est, p.n, model),)
+            rep: list[tuple[RankSpec, ...]] = [(self._spec(classes[p.cls][1][0], p.config, p.est, p.n, model, job.job_id),)
                                                for p in protos]
             start = [p.cold_s for p in protos]
             if current:  # the running ladder rides in the same predictor call (no start-up: it runs)
@@ -404,7 +418,8 @@ class CandidateGenerator:
         rows_pid = [self._pid[id(pl)] for pl in rows_pool]
         rp = np.array(rows_p, dtype=int)
         inst = np.array([protos[i].instances for i in rows_p], dtype=float)
-        price = inst * np.array([pl.hourly_price for pl in rows_pool]) if F else np.zeros(0)
+        price = inst * np.array([self._price(pid, pl, job.job_id) for pid, pl in zip(rows_pid, rows_pool, strict=True)]) \
+            if F else np.zeros(0)
         if F:
             y = ev.y[rp].copy()
             y[:, 0] = outcomes.cost_per_token(price, ev.served_tps[rp])
@@ -416,7 +431,7 @@ class CandidateGenerator:
 
         def row_spec(f: int) -> RankSpec:
             p = protos[rows_p[f]]
-            return self._spec(rows_pool[f], p.config, p.est, p.n, model)
+            return self._spec(rows_pool[f], p.config, p.est, p.n, model, job.job_id)
 
         dem = demand_tps(js, now, tick_s)
 

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 
 from koi.domain.chain import Ladder, Rank
 from koi.domain.cluster import Deployment, DeploymentState, Pool, ResourceMap
+from koi.domain.common import Market
 
 
 def instances_for(gpus_per_chain: int, n_replicas: int, gpus_per_instance: int) -> int:
@@ -119,6 +120,39 @@ class PoolIndex:
 
     def ladder_price(self, ladder: Ladder | None) -> float:
         return 0.0 if ladder is None else sum(self.rank_price(r) for r in ladder.ranks)
+
+
+def planning_price(pool: Pool, committed_share: float, own: int = 0) -> float:
+    """$/hour per instance of ``pool`` as the planner weighs it: the list price, except idle committed capacity.
+
+    A reserved instance is paid for whether it serves or idles (the fleet's cost counts idle reserved
+    capacity, and so does the evaluator's cost per SLO token, :mod:`koi.bench.evaluator`). What placing
+    a rank on one costs the fleet is therefore not its price but its *opportunity cost*: the value of
+    the other jobs that would have used it. Priced at its commitment rate (60% of on-demand) a reserved
+    GPU looks dearer than a spot one: on hetero-3h (seed 0) 24 of the 32 reserved A100-80GB sat idle
+    from the second hour to the end under Koi and the rolling MILP alike, while other jobs paid
+    on-demand and spot prices. Priced flat at a fraction of its list (``7a2c0f1``, reverted) it filled
+    with over-provisioned ladders where every job could use it (homo-12h, one GPU type: the jobs the
+    near-free reserved H100s no longer held went on demand, +$4.5k a run for Koi and the MILP alike).
+
+    Choice where the spec is silent: the opportunity cost is estimated by how much of the pool *other*
+    jobs hold at the start of the tick, u = (total − free − own) / total — the chance that an instance
+    is one another job wants — and the planner prices a reserved instance at list × (s + (1 − s)·u),
+    s = ``committed_share`` (:class:`koi.scoring.params.PlanningKnobs`). A pool full of other jobs is
+    priced at its list price (nothing changes where committed capacity is contended), an idle one at
+    s of it (not 0: the cost objective is normalised by the cheapest candidate's cost,
+    :mod:`koi.scoring.tchebycheff`, and reserved options still rank among themselves by size), and as
+    other jobs move onto a pool its price rises, so it fills only while it is the better buy. The
+    job's *own* instances are not counted: they signal no other job's demand, and counting them
+    priced a job's running ladder at list once it had filled the pool, so it moved to spot, the pool
+    emptied and the next job moved on (homo-12h, the rolling MILP: 40–71 swaps a run against 32, and
+    more reserved capacity idle, not less). On-demand and spot capacity is bought for as long as it
+    runs and is planned at its list price. What the fleet is billed is unchanged.
+    """
+    if pool.env.market != Market.RESERVED or pool.total_instances <= 0:
+        return pool.hourly_price
+    used = min(max((pool.total_instances - pool.free_instances - own) / pool.total_instances, 0.0), 1.0)
+    return pool.hourly_price * (committed_share + (1.0 - committed_share) * used)
 
 
 def swap_delta(new_usage: Mapping[str, int], old_usage: Mapping[str, int]) -> dict[str, int]:

@@ -49,7 +49,8 @@ class OptionRow(KoiModel):
     p_brk: float
     switch: float
     unserved: float
-    price_per_hour: float
+    price_per_hour: float = Field(description="$/h as planned: reserved capacity at its opportunity cost "
+                                              "(koi.planning.capacity.planning_price), else the list price")
     gpus: int
     admissible: bool = Field(description="passes C3, or C3 is waived (a repair, a late batch job)")
     repair: bool = False

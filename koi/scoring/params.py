@@ -48,6 +48,9 @@ Cold-start defaults (before the slow loop has written a state):
   ladder would gain over deferring: discounted for the tick it waits and for the chance the
   capacity is not free in time, but large enough that a high-priority job no ladder fits now
   is not starved by a myopic planner.
+- committed_share s = 0.2: an idle reserved pool is planned at s of its list (commitment) price and
+  a full one at its list price, linearly in its utilisation between
+  (:func:`koi.planning.capacity.planning_price`, which says why).
 - unserved_weight W = 10: a pending job left deferred costs W·priority·(unserved share).
   J is bounded below by −(1+5ρ)·G_MAX = −5.005 (gaps are clipped, see
   :mod:`koi.scoring.tchebycheff`), so any feasible ladder of a priority-1 job beats
@@ -91,6 +94,8 @@ class PlanningKnobs(KoiModel):
                                  description="options more than this below a job's best value earn no exploration")
     causal_risk: float = Field(default=3.0, ge=0,
                                description="κ, DRO-radius change per unit of a ladder's excess causal doubt")
+    committed_share: float = Field(default=0.2, gt=0, le=1,
+                                   description="share of its list price an idle reserved (committed) instance is planned at")
     q: float = Field(default=0.95, gt=0.5, lt=1, description="DRO band quantile")
     unserved_weight: float = Field(default=10.0, ge=0, description="W, unserved-demand penalty per priority unit")
     utilization_cap: float = Field(default=UTILIZATION_CAP, gt=0, le=1, description="online per-replica cap")
