@@ -96,7 +96,7 @@ from koi.domain.hardware import Environment
 from koi.domain.job import JobState, JobStatus
 from koi.domain.model import ModelArch
 from koi.planning.budget import BudgetSlice
-from koi.planning.capacity import PoolIndex, held_replicas, instances_for, planning_price, size_online
+from koi.planning.capacity import PlanningPrices, PoolIndex, held_replicas, instances_for, size_online
 from koi.planning.context import PlanningContext
 from koi.planning.demand import batch_curve, demand_tps
 from koi.planning.enumeration import chain_configs
@@ -155,7 +155,7 @@ class CandidateGenerator:
         self._pid: dict[int, str] = {id(p): pid for pid, p in self.pools.by_id.items()}
         self._chains: dict[tuple[int, int], Chain] = {}
         self._chain_est: dict[tuple, ChainEstimate] = {}
-        self._own: dict[str, dict[str, int]] = {}
+        self._prices = PlanningPrices(self.pools, snapshot.deployments, ctx.knobs.committed_share)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _classes(self, slice_: BudgetSlice | None) -> list[tuple[str, list[Pool]]]:
@@ -254,20 +254,8 @@ class CandidateGenerator:
         e = env or pool.env
         pid = self._pid.get(id(pool)) or pool.pool_id
         return RankSpec(pid, e, cfg, n, est, instances_for(cfg.tp * cfg.pp * cfg.dp, n, gpi),
-                        self._price(pid, pool, job_id), gpi,
+                        self._prices.unit(pid, pool, job_id), gpi,
                         self._cold(model, cfg, gpi), self._chain(e, cfg))
-
-    def _price(self, pid: str, pool: Pool, job_id: str) -> float:
-        """$/h per instance as ``job_id``'s planner weighs it (:func:`koi.planning.capacity.planning_price`:
-        on the snapshot's pool — a budget slice's copy may show fewer free instances — net of the
-        instances the job itself holds there)."""
-        snap = self.pools.by_id.get(pid)
-        if snap is None:
-            return pool.hourly_price
-        own = self._own.get(job_id)
-        if own is None:
-            own = self._own[job_id] = self.pools.held_usage(d for d in self.snapshot.deployments if d.job_id == job_id)
-        return planning_price(snap, self.ctx.knobs.committed_share, own.get(pid, 0))
 
     def _chain(self, env: Environment, cfg: ChainConfig) -> Chain:
         key = (id(env), id(cfg))
@@ -418,7 +406,7 @@ class CandidateGenerator:
         rows_pid = [self._pid[id(pl)] for pl in rows_pool]
         rp = np.array(rows_p, dtype=int)
         inst = np.array([protos[i].instances for i in rows_p], dtype=float)
-        price = inst * np.array([self._price(pid, pl, job.job_id) for pid, pl in zip(rows_pid, rows_pool, strict=True)]) \
+        price = inst * np.array([self._prices.unit(pid, pl, job.job_id) for pid, pl in zip(rows_pid, rows_pool, strict=True)]) \
             if F else np.zeros(0)
         if F:
             y = ev.y[rp].copy()

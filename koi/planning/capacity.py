@@ -155,6 +155,27 @@ def planning_price(pool: Pool, committed_share: float, own: int = 0) -> float:
     return pool.hourly_price * (committed_share + (1.0 - committed_share) * used)
 
 
+class PlanningPrices:
+    """:func:`planning_price` of each pool as each job weighs it, for one snapshot (a job's own held
+    instances computed once). Priced on the snapshot's pool: a budget slice's copy may show fewer free
+    instances."""
+
+    def __init__(self, pools: PoolIndex, deployments: Iterable[Deployment], committed_share: float) -> None:
+        self.pools, self.share = pools, committed_share
+        self._deps = [d for d in deployments if d.is_live]
+        self._own: dict[str, dict[str, int]] = {}
+
+    def unit(self, pid: str, pool: Pool, job_id: str) -> float:
+        """$/h per instance of pool ``pid`` to ``job_id``'s plan (``pool.hourly_price`` when it is not the snapshot's)."""
+        snap = self.pools.by_id.get(pid)
+        if snap is None:
+            return pool.hourly_price
+        own = self._own.get(job_id)
+        if own is None:
+            own = self._own[job_id] = self.pools.held_usage(d for d in self._deps if d.job_id == job_id)
+        return planning_price(snap, self.share, own.get(pid, 0))
+
+
 def swap_delta(new_usage: Mapping[str, int], old_usage: Mapping[str, int]) -> dict[str, int]:
     """Net instances a swap needs per pool (module docstring): new in pools the old ladder
     does not use; new − old (possibly negative) in pools both use; 0 for pools only the old uses."""
