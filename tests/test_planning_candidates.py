@@ -268,8 +268,8 @@ def test_reserved_capacity_is_planned_at_its_opportunity_cost() -> None:
     market, price, rank = best(1)
     assert market == "spot" and price == pytest.approx(rank.instances * spot.hourly_price)
     assert best(4, share=1.0)[0] == "spot"  # s = 1: the commitment rate, dearer than spot
-    # a job running on three of four reserved instances: they are no other job's demand, so its keep is
-    # priced as if the pool held only the fourth's rival (free 1 of 4 → u = 0), another job's at u = 3/4
+    # a job running on three of four reserved instances: they are no other job's demand, so to it the pool
+    # is idle (u = (4 − 1 free − 3 own) / 4 = 0); to another job three quarters are held (u = 3/4)
     r4 = res(4)
     snap = with_running(snapshot([online_job("o", "llama-3.1-8b", 20.0, 1500, 40),
                                   online_job("n", "llama-3.1-8b", 20.0, 1500, 40)], [r4, spot, od]),

@@ -49,7 +49,7 @@ Cold-start defaults (before the slow loop has written a state):
   capacity is not free in time, but large enough that a high-priority job no ladder fits now
   is not starved by a myopic planner.
 - committed_share s = 0.2: an idle reserved pool is planned at s of its list (commitment) price and
-  a full one at its list price, linearly in its utilisation between
+  one other jobs hold in full at its list price, linearly in the share other jobs hold between
   (:func:`koi.planning.capacity.planning_price`, which says why).
 - unserved_weight W = 10: a pending job left deferred costs W·priority·(unserved share).
   J is bounded below by −(1+5ρ)·G_MAX = −5.005 (gaps are clipped, see
