@@ -31,19 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from pathlib import Path
 
 from koi.domain import ClusterSnapshot, EvidenceRow
 from koi.evidence import CusumConfig, ValidateInputs, cusum_history_from_rows, rank_contexts, validate
 from koi.evidence.perfdb import previous_snapshot
 from koi.evidence.store import load_predictions_before
-from koi.store import Stage, get_telemetry, load_stage_model, make_engine, session_scope
+from koi.store import Stage, get_telemetry, load_stage_model, make_engine, session_scope, store_url
 
 CONFIGS = {"within": CusumConfig(level_history=0), "long-run": CusumConfig()}
-
-
-def _url(store: str) -> str:
-    return store if "://" in store else f"sqlite:///{Path(store).resolve()}"
 
 
 def _cluster_and_ticks(session, cluster: str | None) -> tuple[str, list[int]]:
@@ -62,7 +57,7 @@ def _cluster_and_ticks(session, cluster: str | None) -> tuple[str, list[int]]:
 
 def replay(store: str, cluster: str | None = None) -> dict:
     """DIVERGED counts per configuration, variable and warm/cold window over the store's ticks."""
-    engine = make_engine(_url(store))
+    engine = make_engine(store_url(store))
     counts: dict[str, dict[str, dict[str, list[int]]]] = {
         name: defaultdict(lambda: {"all": [0, 0], "warm": [0, 0]}) for name in CONFIGS}
     with session_scope(engine) as s:

@@ -20,18 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-from koi.store import PerfRecord, make_engine, query_perf, session_scope
+from koi.store import PerfRecord, make_engine, query_perf, session_scope, store_url
 from koi.surrogate import ResidualModel
 
 QUANTITIES = ("p99_tpot_ms", "p99_ttft_ms", "throughput_tokens_per_sec", "kv_cache_util")
-
-
-def _url(store: str) -> str:
-    return store if "://" in store else f"sqlite:///{Path(store).resolve()}"
 
 
 def _stats(x: np.ndarray) -> dict[str, float | int | None]:
@@ -67,7 +62,7 @@ if __name__ == "__main__":
     ap.add_argument("--cluster", help="only this cluster's records (default: every record in the store)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    with session_scope(make_engine(_url(args.store))) as session:
+    with session_scope(make_engine(store_url(args.store))) as session:
         recs = query_perf(session, cluster_id=args.cluster) if args.cluster else query_perf(session)
     result = prequential_errors(recs)
     if args.json:

@@ -623,3 +623,11 @@ def test_perfdb_reads_on_several_threads_share_the_record_cache_safely(engine, m
     finally:
         sys.setswitchinterval(old)
     assert not errors, errors[:1]
+
+
+def test_a_kept_store_is_named_by_its_url_or_its_sqlite_files_path(tmp_path, monkeypatch):
+    from koi.store import store_url
+
+    assert store_url("postgresql://127.0.0.1/test") == "postgresql://127.0.0.1/test"
+    monkeypatch.chdir(tmp_path)
+    assert store_url("run/koi.db") == f"sqlite:///{tmp_path.resolve() / 'run' / 'koi.db'}"

@@ -14,7 +14,7 @@ Every repository function takes the session first and leaves commit to
 UNIQUE key, so they leave one row.
 """
 
-from koi.store.db import init_db, make_engine, normalise_url, session_scope
+from koi.store.db import init_db, make_engine, normalise_url, session_scope, store_url
 from koi.store.migrations import current_revision, downgrade, head_revision, upgrade
 from koi.store.repos.beliefs import (
     MechanismBelief,
@@ -130,6 +130,7 @@ __all__ = [
     "save_tick",
     "session_scope",
     "set_job_status",
+    "store_url",
     "update_deploy",
     "upgrade",
     "upsert",

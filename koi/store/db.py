@@ -33,6 +33,11 @@ def normalise_url(url: str | URL) -> URL:
     return u
 
 
+def store_url(store: str) -> str:
+    """A kept store named either way — a database URL, or the path of a SQLite file — as a URL."""
+    return store if "://" in store else f"sqlite:///{Path(store).resolve()}"
+
+
 def default_url() -> str:
     from koi.config import get_settings
 
