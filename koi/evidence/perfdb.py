@@ -83,6 +83,16 @@ def served_windows(session: Any, cluster_id: str, tick: int, snapshot: ClusterSn
     p99 TTFT is 1.59 on ranks' first full windows against 0.57 on later ones, and the median of
     second windows 0.16 against 0.055 — a learner fed first windows marks every fresh deployment
     as slow, so the ladder it just chose looks worse than untried ones (PerfDB uses 2).
+
+    A rank the last plan **resized** (the same chain and id, another replica count) whose model loads
+    for longer than :data:`HANDOVER_S` (the switching model's cold start: weights per node over the
+    load bandwidth, plus warm-up) is skipped for that window: it holds the handover. On homo-12h (Koi,
+    seed 3) agent-235b's shared rank went 6 → 3 replicas in a swap and carried the job alone while the
+    new rank loaded a 235B model (~5 min); its window (p99 TTFT ~100 s) made the next keep's observed
+    risk 1, the plan swapped back, and the two ladders alternated every tick for the last 12 (23
+    swaps undone by the next tick in that run, `benchmarks/undone_swaps.py`). A model that loads in a
+    minute or two has no such window: the one after its resize is the resize's own effect, and not
+    reading it cost hetero-3h 0.17–0.32 (skipping every resized rank, for one window or two).
     """
     from koi.domain.cluster import DeploymentState
     from koi.store import get_telemetry
@@ -105,9 +115,26 @@ def served_windows(session: Any, cluster_id: str, tick: int, snapshot: ClusterSn
         d0, d1 = before.get(w.rank_id), now.get(w.rank_id)
         if d0 is None or d1 is None or w.n_samples == 0 or w.job_id not in jobs:
             continue
+        if d0.rank.n_replicas != d1.rank.n_replicas and _long_handover(jobs[w.job_id].job.model, d1):
+            continue  # resized by the last plan while a model that loads for most of a window: a handover
         out.append(Served(window=w, deployment=d1, job=jobs[w.job_id],
                           replicas=min(d0.replicas_ready, d1.replicas_ready)))
     return out
+
+
+#: A resize whose model loads for longer than this (the switching model's cold start) leaves a handover window.
+HANDOVER_S = 150.0
+
+
+def _long_handover(model: str, d: Deployment) -> bool:
+    from koi import catalog
+    from koi.scoring.switching import SwitchParams, cold_start_seconds
+
+    try:
+        arch = catalog.model(model)
+    except catalog.CatalogError:
+        return False
+    return cold_start_seconds(arch, d.rank, SwitchParams()) > HANDOVER_S
 
 
 def window_means(w: TelemetryWindow) -> tuple[dict[str, float], dict[str, float]]:
