@@ -176,3 +176,69 @@ def test_a_replay_names_the_wall_clock_limit_that_cut_the_stored_tick(koi_run, t
     res = _invoke(["plan", "replay", "2", "--cluster", cid, "--url", url])
     assert res.exit_code == 0, res.output
     assert "the stored tick's search was cut by the clock (HiGHS stopped at its 10 s time limit)" in res.stdout
+
+
+def _swap_causes():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "swap_causes.py"
+    spec = importlib.util.spec_from_file_location("swap_causes", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_swap_causes_sorts_every_stored_swap_of_an_active_job(koi_run, engine):
+    """benchmarks/swap_causes.py: one row per swap S4 stored, each with one cause; the repair rows are exactly
+    the swaps whose running ladder failed C3."""
+    sc = _swap_causes()
+    cid = koi_run.meta.cluster_id
+    rows = []
+    with session_scope(engine) as s:
+        for tick in range(TICKS):
+            got = sc.classify_tick(s, cid, tick)
+            stored = load_stage_output(s, cid, tick, Stage.S4_PLAN).payload["plan"]["actions"]
+            assert sorted(r["job"] for r in got) == sorted(a["job_id"] for a in stored if a["type"] == "swap")
+            rows += got
+    assert {r["cause"] for r in rows} <= {"repair", "short", "exploration", "voluntary"}
+    out = sc.summarize(rows)
+    assert out["swaps"] == len(rows) == sum(out["causes"].values())
+    assert sum(sum(c.values()) for c in out["by_job"].values()) == len(rows)
+    vol = [r["margin"] for r in rows if r["cause"] == "voluntary"]
+    assert all(m is not None for m in vol)
+    if vol:
+        assert out["voluntary_margin"]["below_0.05"] == sum(m < 0.05 for m in vol)
+
+
+def test_swap_causes_rules_on_hand_made_options():
+    """Each cause from the running ladder's state: C3 failed → repair; demand unserved → short; kept when
+    β = 0 → exploration; else voluntary, with the value margin (σ minus W·priority·unserved) over the keep."""
+    from types import SimpleNamespace as NS
+
+    from koi.domain.job import JobStatus
+    from koi.planning.options import OptionKind
+    from koi.scoring.params import PlanningKnobs
+
+    sc = _swap_causes()
+    knobs = PlanningKnobs()
+
+    def opt(kind, sigma, gpus, c3_ok=True, unserved=0.0, price=10.0):
+        return NS(kind=kind, sigma=sigma, gpus=gpus, c3_ok=c3_ok, unserved=unserved,
+                  ranks=(NS(price=price),))
+
+    keeps = {"a": opt(OptionKind.KEEP, -0.5, 8, c3_ok=False), "b": opt(OptionKind.KEEP, -0.2, 8, unserved=0.1),
+             "c": opt(OptionKind.KEEP, -0.30, 8), "d": opt(OptionKind.KEEP, -0.30, 8), "e": opt(OptionKind.KEEP, -0.3, 8)}
+    choice = {"a": opt(OptionKind.SWAP, -0.3, 4, price=5.0), "b": opt(OptionKind.SWAP, -0.25, 16),
+              "c": opt(OptionKind.SWAP, -0.29, 8), "d": opt(OptionKind.SWAP, -0.28, 16, price=12.0),
+              "e": keeps["e"]}
+    cands = {j: NS(keep=k, state=NS(status=JobStatus.ACTIVE, job=NS(priority=1.0))) for j, k in keeps.items()}
+    prop = NS(selection=NS(choice=choice), candidates=cands)
+    no_expl = {**choice, "c": keeps["c"]}
+    rows = {r["job"]: r for r in sc.classify(7, prop, knobs, no_expl)}
+    assert set(rows) == {"a", "b", "c", "d"}  # e kept
+    assert [rows[j]["cause"] for j in "abcd"] == ["repair", "short", "exploration", "voluntary"]
+    assert [rows[j]["direction"] for j in "abcd"] == ["in", "out", "same", "out"]
+    assert rows["d"]["margin"] == pytest.approx(0.02) and rows["d"]["usd_h"] == pytest.approx(2.0)
+    w = knobs.unserved_weight * knobs.priority_weight(1.0)
+    assert rows["b"]["margin"] == pytest.approx(-0.25 - (-0.2 - w * 0.1))

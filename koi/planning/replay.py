@@ -24,6 +24,7 @@ replay that differs for that reason says why.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
@@ -34,8 +35,9 @@ from koi.domain.cluster import ClusterSnapshot
 from koi.domain.common import JobClass, KoiModel
 from koi.domain.plan import Action, Plan
 from koi.planning.budget import BudgetBook
+from koi.planning.context import PlanningContext
 from koi.planning.options import Candidate, OptionKind
-from koi.planning.proposer import describe_ranks, propose
+from koi.planning.proposer import Proposal, describe_ranks, propose
 
 #: options listed per job by default (the null option and the chosen one are always listed)
 TOP = 8
@@ -110,9 +112,25 @@ def _key(a: Action | None) -> tuple[str, Any]:
     return (a.type.value, a.ladder.model_dump(mode="json") if a.ladder is not None else None)
 
 
-def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] | None = None,
-              top: int = TOP, time_limit: float = 10.0) -> Replay:
-    """Re-run S4 of ``tick`` from the store (nothing is written); see the module docstring."""
+@dataclass(frozen=True)
+class Reloaded:
+    """What S4 saw at one stored tick, and its deterministic proposal made again."""
+
+    snapshot: ClusterSnapshot
+    ctx: PlanningContext
+    proposal: Proposal
+    stored_plan: Plan | None
+    stored_selection: dict[str, Any]
+    perf_records: int
+
+
+def reload_s4(session: Session, cluster_id: str, tick: int, *, time_limit: float = 10.0) -> Reloaded:
+    """Load tick ``tick``'s S0 snapshot, planning context and budget book from the store and run S4 again.
+
+    The surrogate is fitted on the PerfDB records of ticks ≤ ``tick`` (those S1 had written when S4 ran).
+    Shared by :func:`replay_s4` and the churn diagnostics (``benchmarks/swap_causes.py``), which re-solve
+    the same candidates under other knobs.
+    """
     from koi.planning.tick import load_planning_context, predictor_for_records
     from koi.store import Stage, load_stage_model, load_stage_output, query_perf
 
@@ -124,13 +142,21 @@ def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] |
     stored_sel = (stored_row.payload.get("selection") or {}) if stored_row is not None else {}
     book = (BudgetBook.model_validate(stored_row.payload["budget_book"])
             if stored_row is not None and stored_row.payload.get("budget_book") else None)
-    unknown = sorted(set(jobs or ()) - {j.job.job_id for j in snap.jobs})
-    if unknown:
-        raise ValueError(f"no job {', '.join(map(repr, unknown))} in tick {tick}'s snapshot")
-
     records = query_perf(session, cluster_id=cluster_id, until_tick=tick)  # what S1 had written when S4 ran
     ctx = load_planning_context(session, cluster_id, tick, predictor=predictor_for_records(records))
     prop = propose(snap, ctx, book=book, time_limit=time_limit)
+    return Reloaded(snapshot=snap, ctx=ctx, proposal=prop, stored_plan=stored_plan, stored_selection=stored_sel,
+                    perf_records=len(records))
+
+
+def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] | None = None,
+              top: int = TOP, time_limit: float = 10.0) -> Replay:
+    """Re-run S4 of ``tick`` from the store (nothing is written); see the module docstring."""
+    r = reload_s4(session, cluster_id, tick, time_limit=time_limit)
+    unknown = sorted(set(jobs or ()) - {j.job.job_id for j in r.snapshot.jobs})
+    if unknown:
+        raise ValueError(f"no job {', '.join(map(repr, unknown))} in tick {tick}'s snapshot")
+    prop, stored_plan, stored_sel = r.proposal, r.stored_plan, r.stored_selection
     stored = {a.job_id: a for a in stored_plan.actions} if stored_plan is not None else {}
     replayed = {a.job_id: a for a in prop.plan.actions}
     same = {jid: stored_plan is not None and _key(stored.get(jid)) == _key(a) for jid, a in replayed.items()}
@@ -158,7 +184,7 @@ def replay_s4(session: Session, cluster_id: str, tick: int, *, jobs: list[str] |
         ))
     return Replay(
         cluster_id=cluster_id, tick=tick, reproduced=bool(replayed) and all(same.values()),
-        perf_records=len(records),
+        perf_records=r.perf_records,
         objective=round(prop.selection.objective, 6), jobs=out,
         stored_clock_bound=str(stored_sel.get("clock_bound") or ""),
         clock_bound=prop.selection.clock_bound,
