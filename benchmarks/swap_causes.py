@@ -3,7 +3,8 @@
 STORE is a kept store (``koi bench run ... --keep-store`` prints its path and cluster id). For every tick with a
 stored S4 the script loads what S4 saw and runs it again (:func:`koi.planning.replay.reload_s4`; S4 is
 deterministic, so the replayed plan is the stored one), then sorts each swap of an active job by what
-made the running ladder lose:
+made the running ladder lose (each row also carries ΔJ and both breach risks, so a margin is split into what
+the model predicts and what the keep's observed risk costs it):
 
 - **repair** — the running ladder breaches C3 (its p_brk, at least its observed risk, above τ): it must go;
 - **short** — the running ladder leaves part of the job's demand unserved;
@@ -60,6 +61,8 @@ def classify(tick: int, prop, knobs, no_expl: dict) -> list[dict]:
         kg = keep.gpus if keep is not None else 0
         rows.append({"tick": tick, "job": jid, "cause": cause,
                      "margin": round(value(c) - value(keep), 6) if keep is not None else None,
+                     "dj": round(c.j - keep.j, 6) if keep is not None else None,
+                     "keep_p_brk": round(keep.p_brk, 6) if keep is not None else None, "p_brk": round(c.p_brk, 6),
                      "direction": "out" if c.gpus > kg else "in" if c.gpus < kg else "same",
                      "usd_h": round(sum(x.price for x in c.ranks) - sum(x.price for x in keep.ranks), 3)
                      if keep is not None else None})
@@ -89,6 +92,12 @@ def summarize(rows: list[dict]) -> dict:
         "voluntary_margin": ({"median": float(np.median(vol)), "below_0.01": int((vol < 0.01).sum()),
                               "below_0.02": int((vol < 0.02).sum()), "below_0.05": int((vol < 0.05).sum())}
                              if vol.size else {}),
+        # where a voluntary swap's margin comes from: J, or the keep's breach risk (γ·p_brk) against the swap's
+        "voluntary_from": ({"dj_median": float(np.median([r["dj"] for r in rows if r["cause"] == "voluntary"])),
+                            "keep_p_brk_median": float(np.median([r["keep_p_brk"] for r in rows
+                                                                  if r["cause"] == "voluntary"])),
+                            "p_brk_median": float(np.median([r["p_brk"] for r in rows if r["cause"] == "voluntary"]))}
+                           if vol.size else {}),
         "by_job": {j: dict(c) for j, c in sorted(by_job.items(), key=lambda kv: -sum(kv[1].values()))},
     }
 

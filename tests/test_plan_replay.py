@@ -224,7 +224,7 @@ def test_swap_causes_rules_on_hand_made_options():
     knobs = PlanningKnobs()
 
     def opt(kind, sigma, gpus, c3_ok=True, unserved=0.0, price=10.0):
-        return NS(kind=kind, sigma=sigma, gpus=gpus, c3_ok=c3_ok, unserved=unserved,
+        return NS(kind=kind, sigma=sigma, j=sigma, p_brk=0.0, gpus=gpus, c3_ok=c3_ok, unserved=unserved,
                   ranks=(NS(price=price),))
 
     keeps = {"a": opt(OptionKind.KEEP, -0.5, 8, c3_ok=False), "b": opt(OptionKind.KEEP, -0.2, 8, unserved=0.1),
@@ -240,5 +240,6 @@ def test_swap_causes_rules_on_hand_made_options():
     assert [rows[j]["cause"] for j in "abcd"] == ["repair", "short", "exploration", "voluntary"]
     assert [rows[j]["direction"] for j in "abcd"] == ["in", "out", "same", "out"]
     assert rows["d"]["margin"] == pytest.approx(0.02) and rows["d"]["usd_h"] == pytest.approx(2.0)
+    assert rows["d"]["dj"] == pytest.approx(0.02) and rows["d"]["keep_p_brk"] == 0.0
     w = knobs.unserved_weight * knobs.priority_weight(1.0)
     assert rows["b"]["margin"] == pytest.approx(-0.25 - (-0.2 - w * 0.1))
