@@ -10,6 +10,8 @@ the model predicts and what the keep's observed risk costs it):
 - **short** — the running ladder leaves part of the job's demand unserved;
 - **exploration** — a voluntary swap that the same candidates, solved again with β = 0, keep: it was bought
   for what it would teach (Expl(P)), not for its σ;
+- **displaced** — a healthy keep worth more than the swap: the job moved so that another job could take
+  its capacity (the plan's Φ gained, this job's value did not);
 - **voluntary** — a healthy keep beaten on value (σ minus the unserved penalty); its margin, the swap's
   value minus the keep's, is listed, because a margin inside the surrogate's error is a coin toss that the
   next tick may toss back (``benchmarks/undone_swaps.py`` counts those).
@@ -56,6 +58,8 @@ def classify(tick: int, prop, knobs, no_expl: dict) -> list[dict]:
             cause = "short"
         elif no_expl[jid].kind is not OptionKind.SWAP:
             cause = "exploration"
+        elif value(c) < value(keep):
+            cause = "displaced"
         else:
             cause = "voluntary"
         kg = keep.gpus if keep is not None else 0

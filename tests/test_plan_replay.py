@@ -201,7 +201,7 @@ def test_swap_causes_sorts_every_stored_swap_of_an_active_job(koi_run, engine):
             stored = load_stage_output(s, cid, tick, Stage.S4_PLAN).payload["plan"]["actions"]
             assert sorted(r["job"] for r in got) == sorted(a["job_id"] for a in stored if a["type"] == "swap")
             rows += got
-    assert {r["cause"] for r in rows} <= {"repair", "short", "exploration", "voluntary"}
+    assert {r["cause"] for r in rows} <= {"repair", "short", "exploration", "displaced", "voluntary"}
     out = sc.summarize(rows)
     assert out["swaps"] == len(rows) == sum(out["causes"].values())
     assert sum(sum(c.values()) for c in out["by_job"].values()) == len(rows)
@@ -228,16 +228,17 @@ def test_swap_causes_rules_on_hand_made_options():
                   ranks=(NS(price=price),))
 
     keeps = {"a": opt(OptionKind.KEEP, -0.5, 8, c3_ok=False), "b": opt(OptionKind.KEEP, -0.2, 8, unserved=0.1),
-             "c": opt(OptionKind.KEEP, -0.30, 8), "d": opt(OptionKind.KEEP, -0.30, 8), "e": opt(OptionKind.KEEP, -0.3, 8)}
+             "c": opt(OptionKind.KEEP, -0.30, 8), "d": opt(OptionKind.KEEP, -0.30, 8), "e": opt(OptionKind.KEEP, -0.3, 8),
+             "f": opt(OptionKind.KEEP, -0.30, 8)}
     choice = {"a": opt(OptionKind.SWAP, -0.3, 4, price=5.0), "b": opt(OptionKind.SWAP, -0.25, 16),
               "c": opt(OptionKind.SWAP, -0.29, 8), "d": opt(OptionKind.SWAP, -0.28, 16, price=12.0),
-              "e": keeps["e"]}
+              "e": keeps["e"], "f": opt(OptionKind.SWAP, -0.35, 8)}
     cands = {j: NS(keep=k, state=NS(status=JobStatus.ACTIVE, job=NS(priority=1.0))) for j, k in keeps.items()}
     prop = NS(selection=NS(choice=choice), candidates=cands)
     no_expl = {**choice, "c": keeps["c"]}
     rows = {r["job"]: r for r in sc.classify(7, prop, knobs, no_expl)}
-    assert set(rows) == {"a", "b", "c", "d"}  # e kept
-    assert [rows[j]["cause"] for j in "abcd"] == ["repair", "short", "exploration", "voluntary"]
+    assert set(rows) == {"a", "b", "c", "d", "f"}  # e kept
+    assert [rows[j]["cause"] for j in "abcdf"] == ["repair", "short", "exploration", "voluntary", "displaced"]
     assert [rows[j]["direction"] for j in "abcd"] == ["in", "out", "same", "out"]
     assert rows["d"]["margin"] == pytest.approx(0.02) and rows["d"]["usd_h"] == pytest.approx(2.0)
     assert rows["d"]["dj"] == pytest.approx(0.02) and rows["d"]["keep_p_brk"] == 0.0
