@@ -89,7 +89,8 @@ def summarize(rows: list[dict]) -> dict:
     by_job: dict[str, Counter] = {}
     for r in rows:
         by_job.setdefault(r["job"], Counter())[r["cause"]] += 1
-    vol = np.array([r["margin"] for r in rows if r["cause"] == "voluntary"], dtype=float)
+    vol_rows = [r for r in rows if r["cause"] == "voluntary"]
+    vol = np.array([r["margin"] for r in vol_rows], dtype=float)
     return {
         "swaps": len(rows), "causes": dict(causes.most_common()),
         "direction": {c: dict(Counter(r["direction"] for r in rows if r["cause"] == c)) for c in causes},
@@ -97,11 +98,8 @@ def summarize(rows: list[dict]) -> dict:
                               "below_0.02": int((vol < 0.02).sum()), "below_0.05": int((vol < 0.05).sum())}
                              if vol.size else {}),
         # where a voluntary swap's margin comes from: J, or the keep's breach risk (γ·p_brk) against the swap's
-        "voluntary_from": ({"dj_median": float(np.median([r["dj"] for r in rows if r["cause"] == "voluntary"])),
-                            "keep_p_brk_median": float(np.median([r["keep_p_brk"] for r in rows
-                                                                  if r["cause"] == "voluntary"])),
-                            "p_brk_median": float(np.median([r["p_brk"] for r in rows if r["cause"] == "voluntary"]))}
-                           if vol.size else {}),
+        "voluntary_from": ({k + "_median": float(np.median([r[k] for r in vol_rows])) for k in ("dj", "keep_p_brk", "p_brk")}
+                           if vol_rows else {}),
         "by_job": {j: dict(c) for j, c in sorted(by_job.items(), key=lambda kv: -sum(kv[1].values()))},
     }
 

@@ -189,26 +189,16 @@ def _swap_causes():
     return mod
 
 
-def test_swap_causes_sorts_every_stored_swap_of_an_active_job(koi_run, engine):
-    """benchmarks/swap_causes.py: one row per swap S4 stored, each with one cause; the repair rows are exactly
-    the swaps whose running ladder failed C3."""
+def test_swap_causes_replays_exactly_the_stored_swaps(koi_run, engine):
+    """benchmarks/swap_causes.py on a real kept store: at every tick it reports the swaps S4 stored and no other
+    (the tiny run's ladders hold, so this pins that a keep is never counted; the rules are pinned below)."""
     sc = _swap_causes()
     cid = koi_run.meta.cluster_id
-    rows = []
     with session_scope(engine) as s:
         for tick in range(TICKS):
             got = sc.classify_tick(s, cid, tick)
             stored = load_stage_output(s, cid, tick, Stage.S4_PLAN).payload["plan"]["actions"]
             assert sorted(r["job"] for r in got) == sorted(a["job_id"] for a in stored if a["type"] == "swap")
-            rows += got
-    assert {r["cause"] for r in rows} <= {"repair", "short", "exploration", "displaced", "voluntary"}
-    out = sc.summarize(rows)
-    assert out["swaps"] == len(rows) == sum(out["causes"].values())
-    assert sum(sum(c.values()) for c in out["by_job"].values()) == len(rows)
-    vol = [r["margin"] for r in rows if r["cause"] == "voluntary"]
-    assert all(m is not None for m in vol)
-    if vol:
-        assert out["voluntary_margin"]["below_0.05"] == sum(m < 0.05 for m in vol)
 
 
 def test_swap_causes_rules_on_hand_made_options():
@@ -242,5 +232,9 @@ def test_swap_causes_rules_on_hand_made_options():
     assert [rows[j]["direction"] for j in "abcd"] == ["in", "out", "same", "out"]
     assert rows["d"]["margin"] == pytest.approx(0.02) and rows["d"]["usd_h"] == pytest.approx(2.0)
     assert rows["d"]["dj"] == pytest.approx(0.02) and rows["d"]["keep_p_brk"] == 0.0
+    out = sc.summarize(list(rows.values()))
+    assert out["swaps"] == 5 and out["causes"] == {"repair": 1, "short": 1, "exploration": 1, "voluntary": 1,
+                                                   "displaced": 1}
+    assert out["voluntary_margin"]["below_0.05"] == 1 and out["voluntary_from"]["dj_median"] == pytest.approx(0.02)
     w = knobs.unserved_weight * knobs.priority_weight(1.0)
     assert rows["b"]["margin"] == pytest.approx(-0.25 - (-0.2 - w * 0.1))
