@@ -292,3 +292,59 @@ def test_no_scale_in_while_every_replica_is_needed_at_the_n_min_point():
     assert ids(True) == ids(False)
     assert ids(True) != {c.cand_id for c in generate(_over_provisioned(1200), PlanningContext(
         predictor=FixedPredictor(ROWS)))["big"].all_scored}
+
+
+# ---- rehome: a running rank moves to much cheaper free instances of its GPU type -----------------------
+def _rehome_case(market: str = "reserved", total: int = 1, free: int = 1):  # noqa: ANN202
+    """``big`` (2,400 tok/s) runs two on-demand H100 replicas (3,200 tok/s of SLO capacity) in a full pool; a
+    GCP H100 pool of the ``market`` given has ``free`` of its ``total`` instances free (the rest another job's)."""
+    od = pool("aws", "p5.48xlarge", "us-east-1", total=2)
+    other = pool("gcp", "a3-highgpu-8g", "us-central1", market=market, total=total, free=free)
+    base = snapshot([_big(rate=2400 / 256)], [od, other])
+    running = Ladder(ranks=[Rank(env=od.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=2)])
+    return with_running(base, {"big": running})
+
+
+def _rehomed(snap, **enum):  # noqa: ANN001, ANN202
+    """The ladders rehome adds (generated with it and not without it), and the job's candidates."""
+    def gen(on: bool):  # noqa: ANN202
+        params = EnumerationParams(**{**enum, "rehome": on})
+        return generate(snap, PlanningContext(predictor=FixedPredictor(ROWS), enum=params))["big"]
+
+    jc, off = gen(True), gen(False)
+    base = {c.cand_id for c in off.all_scored}
+    return [c for c in jc.all_scored if c.cand_id not in base], jc
+
+
+def test_a_rank_beside_idle_reserved_capacity_of_its_gpu_type_is_offered_a_move_there():
+    """An idle reserved H100 instance (planned at a fifth of its list) beside a rank of two on-demand replicas:
+    the ladder that moves one replica there is offered. The other replica keeps serving, nothing goes dark,
+    SwitchCost pays one cold start (less than any rebuild), and it costs less per token than keeping — so much
+    less that it outscores keeping."""
+    added, jc = _rehomed(_rehome_case())
+    assert [_ranks(c) for c in added] == [[("H100", 1), ("H100", 1)]]
+    (c,) = added
+    (cur,) = jc.keep.ranks
+    assert any(r.key == cur.key and r.n == 1 for r in c.ranks)  # the running rank keeps one replica
+    moved = next(r for r in c.ranks if r.key != cur.key)
+    assert moved.env.market.value == "reserved" and moved.config.instance_type == "a3-highgpu-8g"
+    assert moved.config.model_copy(update={"instance_type": None}) == cur.config.model_copy(update={"instance_type": None})
+    assert c.unserved == 0.0 and c.y[0] < jc.keep.y[0]
+    rebuilds = [x for x in jc.all_scored if not any(r.key == cur.key for r in x.ranks)]
+    assert rebuilds and all(c.switch < x.switch for x in rebuilds)
+    assert c.cand_id in {x.cand_id for x in jc.candidates}
+    assert c.sigma > jc.keep.sigma
+
+
+def test_a_half_held_reserved_pool_is_a_rehome_target_and_spot_or_on_demand_pools_are_not():
+    """A reserved pool half held by another job is planned at 0.2 + 0.8 × ½ = 0.6 of its list (0.58 of the
+    on-demand price per GPU): its free instance is a target. A spot pool of the same GPU at 0.47 of the price and
+    an on-demand pool at about it are not: a move onto spot buys a reclaim the planner does not price."""
+    assert [_ranks(c) for c in _rehomed(_rehome_case(total=2, free=1))[0]] == [[("H100", 1), ("H100", 1)]]
+    assert _rehomed(_rehome_case(market="on_demand"))[0] == []
+    od = pool("aws", "p5.48xlarge", "us-east-1", total=2)
+    spot = pool("aws", "p5.48xlarge", "us-east-2", market="spot", total=1)
+    assert spot.hourly_price < 0.5 * od.hourly_price
+    snap = with_running(snapshot([_big(rate=2400 / 256)], [od, spot]), {"big": Ladder(ranks=[
+        Rank(env=od.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=2)])})
+    assert _rehomed(snap)[0] == []

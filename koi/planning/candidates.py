@@ -53,6 +53,9 @@ Choices:
   needs also gets that ladder with one rank shrunk to the n_min and headroom points
   (:func:`koi.planning.split.scale_in_ladders`): the mirror of scale-out, so capacity a repair
   added is given back when it is no longer worth its price (SwitchCost: a drain; no gap).
+- **Rehome.** An active job's running ladder with one rank's replicas moved, chain unchanged, onto free
+  reserved instances of its GPU type that plan cheaper — idle committed capacity, which otherwise only a
+  rebuild of the whole ladder could reach (:func:`koi.planning.split.rehome_ladders`).
 - **Hardware classes.** A predictor that is not environment-sensitive predicts once per
   (GPU type, instance shape) and the result fans out over the pools of that class, which
   differ only in price; an environment-sensitive one is called per pool.
@@ -103,7 +106,7 @@ from koi.planning.enumeration import chain_configs
 from koi.planning.ladder_eval import evaluate_ladders, switch_costs
 from koi.planning.options import Candidate, JobCandidates, OptionKind, RankSpec
 from koi.planning.predictor import ChainEstimate
-from koi.planning.split import SplitRows, ladder_key, scale_in_ladders, scale_out_ladders, split_ladders
+from koi.planning.split import SplitRows, ladder_key, running_moves, split_ladders
 from koi.planning.transition import transition_gaps
 from koi.scoring.exploration import EMPTY, Activation
 from koi.scoring.tchebycheff import reference_point, tchebycheff
@@ -435,24 +438,10 @@ class CandidateGenerator:
             hetero += [h for h in split_ladders(rows, ctx, self.pools.by_id, weights=weights, online=online,
                                                 lam=lam, whole_pools=True)
                        if ladder_key(h) not in seen_keys]
-        if current and keep_eval is not None and ctx.enum.scale_out_share > 0 and self._breaching(js, keep_eval):
-            seen_keys = {ladder_key(h) for h in hetero}
-            for whole in (False, True):  # free instances first; then whole pools, for a reservation
-                for h in scale_out_ladders(rows, ctx, current, weights=weights, online=online,
-                                           share=ctx.enum.scale_out_share, demand_tps=dem,
-                                           pools=self.pools.by_id, whole_pools=whole):
-                    if ladder_key(h) not in seen_keys:
-                        seen_keys.add(ladder_key(h))
-                        hetero.append(h)
-        if current and online and ctx.enum.scale_in:
-            seen_keys = {ladder_key(h) for h in hetero}
-            if len(current) == 1:  # a single-pool row of the running chain may already be the same ladder
-                cur_cfgs1 = {r.config for r in current}
-                seen_keys |= {ladder_key((row_spec(f),)) for f in range(F)
-                              if rows_pid[f] == current[0].pool_id and protos[rows_p[f]].config in cur_cfgs1}
-            hetero += [h for h in scale_in_ladders(current, demand_tps=dem,
-                                                   headroom=ctx.enum.scale_out_share)
-                       if ladder_key(h) not in seen_keys]
+        if current:  # the running ladder's own moves: scale-out, scale-in, rehome (split.running_moves)
+            hetero += running_moves(rows, ctx, current, pools=self.pools.by_id, weights=weights, online=online,
+                                    demand_tps=dem, breaching=keep_eval is not None and self._breaching(js, keep_eval),
+                                    known={ladder_key(h) for h in hetero})
         if hetero:
             hev = evaluate_ladders(js, hetero, ctx, now, np.array([max(r.cold_s for r in h) for h in hetero]))
         H = len(hetero)

@@ -59,6 +59,8 @@ class EnumerationParams(KoiModel):
                                                "as a share of that ladder's (0: no scale-out ladders)")
     scale_in: bool = Field(default=True, description="offer a running online ladder with a rank shrunk to the "
                                                      "n_min and headroom points when it holds more (split.scale_in_ladders)")
+    rehome: bool = Field(default=True, description="offer a running rank moved onto free reserved instances of its "
+                                                   "GPU type that plan cheaper (split.rehome_ladders)")
 
 
 @dataclass
