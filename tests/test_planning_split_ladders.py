@@ -348,3 +348,15 @@ def test_a_half_held_reserved_pool_is_a_rehome_target_and_spot_or_on_demand_pool
     snap = with_running(snapshot([_big(rate=2400 / 256)], [od, spot]), {"big": Ladder(ranks=[
         Rank(env=od.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=2)])})
     assert _rehomed(snap)[0] == []
+
+
+def test_a_whole_rank_moved_onto_a_reserved_pool_is_the_rebuild_row_and_is_not_offered_twice():
+    """Both replicas fit on an idle two-instance reserved pool: moving the whole rank is the single-pool ladder the
+    generator already sized there (two replicas), scored once — a duplicate would take a candidate slot."""
+    _, jc = _rehomed(_rehome_case(total=2, free=2))
+    (cur,) = jc.keep.ranks
+    shape = cur.config.model_copy(update={"instance_type": None})
+    same = [c.cand_id for c in jc.all_scored if len(c.ranks) == 1 and c.ranks[0].n == 2
+            and c.ranks[0].env.market.value == "reserved"
+            and c.ranks[0].config.model_copy(update={"instance_type": None}) == shape]
+    assert len(same) == 1

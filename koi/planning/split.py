@@ -385,7 +385,9 @@ def rehome_ladders(rows: SplitRows, current: Sequence[RankSpec], *, top: int) ->
             k = r.n
             while k > 0 and instances_for(r.config.gpus, k, spec.gpus_per_instance) > pool.free_instances:
                 k -= 1
-            if k <= 0:
+            if k <= 0 or (len(current) == 1 and k == r.n and any(  # the whole ladder moved: a rebuild row offers it
+                    rows.pid[g] == pid and rows.protos[rows.proto_of[g]].n == k
+                    and rows.protos[rows.proto_of[g]].config == rows.protos[rows.proto_of[f]].config for g in range(F))):
                 continue
             moved = spec.with_n(k)
             rest = (r.with_n(r.n - k),) if k < r.n else ()
