@@ -53,3 +53,27 @@ def test_an_in_process_world_and_a_raising_proposer(engine):
     assert res.outcome is TickOutcome.FALLBACK and res.failed_stage == "s4_plan"
     assert "the planner fell over" in res.reason and res.compensation.undone == 0
     assert len(world.deployments()) == first.deploy.launched  # keep-all: the fleet is unchanged
+
+
+def test_a_rank_keeps_the_tick_it_was_launched_at_when_the_world_reports_it(engine):
+    """The simulator reports what runs but not when we launched it; the launch tick is ours. A rank first seen
+    in the snapshot of tick t was launched by tick t − 1's plan, and every later snapshot (and the deployments
+    table) says so — not tick 0, which the world's report carried before."""
+    from koi.domain import ClusterSnapshot
+    from koi.store import Stage, get_deployments, load_stage_model
+
+    rt = Runtime(engine=engine, world=sim_world_provider(), interval_s=300.0)
+    out = run_ticks(rt, CLUSTER, 5, jobs=demo_jobs())
+    assert [r.outcome for r in out] == [TickOutcome.COMMITTED] * 5
+    first: dict[str, int] = {}
+    with session_scope(engine) as s:
+        snaps = [load_stage_model(s, CLUSTER, t, Stage.S0_SNAPSHOT, ClusterSnapshot) for t in range(5)]
+        table = {d.rank_id: d.since_tick for d in get_deployments(s, CLUSTER, live_only=True)}
+    for snap in snaps:
+        for d in snap.deployments:
+            first.setdefault(d.rank_id, snap.tick)
+            assert d.since_tick == first[d.rank_id] - 1, (snap.tick, d.rank_id)
+    late = {d.rank_id for d in snaps[4].deployments if first[d.rank_id] > 1}
+    assert "agent-moe" in {d.job_id for d in snaps[4].deployments if d.rank_id in late}  # arrives at 900 s
+    seen = [r for r in table if r in first]  # the table after tick 4's deploy: the ranks that still run
+    assert seen and all(table[r] == first[r] - 1 for r in seen)

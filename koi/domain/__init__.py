@@ -1,7 +1,7 @@
 """Pydantic models of the domain: what every room of Koi speaks."""
 
 from koi.domain.chain import Chain, ChainConfig, Ladder, Rank, Role
-from koi.domain.cluster import ClusterSnapshot, Deployment, DeploymentState, Pool, ResourceMap
+from koi.domain.cluster import ClusterSnapshot, Deployment, DeploymentState, Pool, ResourceMap, carry_since
 from koi.domain.common import DType, Interconnect, JobClass, KoiModel, Market, stable_hash
 from koi.domain.hardware import Environment, GpuSpec, InstanceType, RegionPrice
 from koi.domain.job import (
@@ -34,5 +34,5 @@ __all__ = [
     "IcpVerdict", "InstanceType", "Interconnect", "Issuer", "Job", "JobClass", "JobState", "JobStatus",
     "KoiModel", "Ladder", "LengthDist", "LengthKind", "Market", "MechanismEvidence", "ModelArch",
     "ObjectiveWeights", "Plan", "Pool", "Prediction", "Quadrant", "Rank", "RegionPrice", "ResourceMap",
-    "Role", "Slo", "TelemetryWindow", "Verdict", "WorkloadProfile", "stable_hash",
+    "Role", "Slo", "TelemetryWindow", "Verdict", "WorkloadProfile", "carry_since", "stable_hash",
 ]

@@ -121,6 +121,19 @@ class Deployment(KoiModel):
         return self.state in (DeploymentState.LAUNCHING, DeploymentState.SERVING, DeploymentState.DEGRADED)
 
 
+def carry_since(reported: list[Deployment], known: list[Deployment]) -> list[Deployment]:
+    """The world's deployments with each rank's ``since_tick`` taken from our own record of it.
+
+    Why: the world knows best what runs (state, replicas up) but not when we launched a rank; a
+    simulator or cloud that reports none gave every rank ``since_tick`` 0 once its report replaced our
+    record. Then the agent's view of a rank's age read a launch of this tick as one of tick 0, and
+    keep-all compensation (``deploy.py``), which marks the ranks launched this tick terminated, found
+    none. A rank we have no record of keeps what the world says.
+    """
+    since = {d.rank_id: d.since_tick for d in known}
+    return [d.model_copy(update={"since_tick": since[d.rank_id]}) if d.rank_id in since else d for d in reported]
+
+
 class ClusterSnapshot(KoiModel):
     """S0: jobs, deployments and capacity frozen for one tick."""
 

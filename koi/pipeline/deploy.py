@@ -26,6 +26,7 @@ from koi.domain import (
     JobStatus,
     Plan,
     Rank,
+    carry_since,
 )
 from koi.logging import get_logger
 from koi.pipeline.errors import LaunchRefused, PlanRejected, StaleTick
@@ -342,8 +343,8 @@ def _commit(rt: Runtime, ref: StageRef, snap: ClusterSnapshot, plan: Plan, ops: 
                 since = by_rank[op.rank_id].since_tick if op.rank_id in by_rank else ref.tick
                 by_rank[op.rank_id] = Deployment(job_id=op.job_id, rank=op.rank, state=DeploymentState.LAUNCHING,
                                                  since_tick=since, idempotency_key=op.key)
-        if reported is not None:
-            rep = {d.rank_id: d for d in reported}
+        if reported is not None:  # the world's state and replicas; the launch tick is ours
+            rep = {d.rank_id: d for d in carry_since(reported, list(by_rank.values()))}
             for rid in list(by_rank):
                 if rid in rep:
                     by_rank[rid] = rep[rid]

@@ -25,6 +25,7 @@ from koi.domain import (
     JobState,
     JobStatus,
     Plan,
+    carry_since,
 )
 from koi.logging import get_logger
 from koi.pipeline.errors import InputError
@@ -243,6 +244,7 @@ def s0_snapshot(rt: Runtime, ref: StageRef) -> SnapshotSummary:
         job_ids = {j.job.job_id for j in visible}
         departed = {j.job.job_id for j in get_jobs(s, ref.cluster_id, status=[JobStatus.FINISHED, JobStatus.CANCELLED])}
         if live is not None:  # the world knows best what runs (replicas that failed, spot preemptions)
+            live = carry_since(live, get_deployments(s, ref.cluster_id, live_only=True))  # when is ours
             own = [d for d in live if d.job_id in job_ids or d.job_id in departed]
             if own:
                 save_deployments(s, ref.cluster_id, own, ref.tick)
