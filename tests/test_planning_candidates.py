@@ -202,7 +202,8 @@ def test_an_in_place_swap_into_a_full_pool_goes_dark_for_its_cold_start() -> Non
         snap = snapshot([online_job("o", "llama-3.1-8b", 5.0, 1500, 40)], [p, q])
         return generate(with_running(snap, {"o": Ladder(ranks=[
             Rank(env=p.env, config=ChainConfig(instance_type="p5.48xlarge", tp=8), n_replicas=2),
-            Rank(env=q.env, config=ChainConfig(instance_type="p4de.24xlarge", tp=8), n_replicas=2)])}), _ctx())["o"]  # fmt: skip
+            Rank(env=q.env, config=ChainConfig(instance_type="p4de.24xlarge", tp=8), n_replicas=2)])})
+            .model_copy(update={"tick": 5}), _ctx())["o"]  # launched at tick 0: past the settle window  # fmt: skip
 
     full, roomy = cands(2), cands(8)
     cur = full.keep.ranks

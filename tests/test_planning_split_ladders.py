@@ -258,9 +258,10 @@ def test_a_breaching_job_in_a_full_fleet_gets_scale_outs_over_whole_pools_as_res
 
 
 # ---- scale-in: an over-provisioned running ladder gives replicas back ---------------------------------
-def _over_provisioned(rate_tps: float):  # noqa: ANN202
-    """``big`` runs two H100 replicas (3,200 tok/s of SLO capacity) and two A100 replicas (1,600)."""
-    return _two_ranks(rate_tps, h100=(2, 4), a100=(2, 2))
+def _over_provisioned(rate_tps: float, tick: int = 5):  # noqa: ANN202
+    """``big`` runs two H100 replicas (3,200 tok/s of SLO capacity) and two A100 replicas (1,600), both ranks
+    launched at tick 0; the snapshot is ``tick``'s (by default past the settle window)."""
+    return _two_ranks(rate_tps, h100=(2, 4), a100=(2, 2)).model_copy(update={"tick": tick})
 
 
 def test_an_over_provisioned_running_ladder_is_offered_scale_ins_to_the_n_min_and_headroom_points():
@@ -294,6 +295,45 @@ def test_no_scale_in_while_every_replica_is_needed_at_the_n_min_point():
         predictor=FixedPredictor(ROWS)))["big"].all_scored}
 
 
+def _settling_case(tick: int, settle: int = 2, risk: float = 0.0):  # noqa: ANN202
+    """The over-provisioned ladder at ``tick`` with its A100 rank launched at tick 4 (a scale-out) and its H100
+    rank at 0; ``risk`` is the running ladder's observed breach share (above τ: it breaches)."""
+    snap = _over_provisioned(1200, tick=tick)
+    deps = [d.model_copy(update={"since_tick": 4}) if d.rank.env.gpu_type != "H100" else d for d in snap.deployments]
+    ctx = PlanningContext(predictor=FixedPredictor(ROWS), enum=EnumerationParams(settle_ticks=settle),
+                          observed_risk={"big": risk} if risk else {})
+    return generate(snap.model_copy(update={"deployments": deps}), ctx)["big"]
+
+
+def _a100_kept(c) -> bool:  # noqa: ANN001
+    """The ladder keeps both replicas of the running A100 rank, in its pool, on its chain."""
+    return any(r.env.gpu_type == "A100-80GB" and r.n >= 2 and r.config.tp == 8 for r in c.ranks)
+
+
+def test_a_rank_launched_inside_the_settle_window_is_held_while_its_ladder_is_healthy():
+    """One tick after the A100 rank was added the ladder is healthy and over-provisioned: no option takes a
+    replica from that rank — not the scale-in builder's, not the single-pool row of the H100 rank alone, not a
+    rebuild elsewhere. Options that keep it (the H100 rank shrunk or gone) stay. A tick later the window (two
+    ticks) is over and every option is back; with the window set to 0 so it is at once."""
+    held = _settling_case(5)
+    assert held.all_scored and all(_a100_kept(c) for c in held.all_scored)
+    shrunk = {tuple(_ranks(c)) for c in held.all_scored if {r.key for r in c.ranks} <= {r.key for r in held.keep.ranks}}
+    assert shrunk >= {(("A100-80GB", 2),), (("A100-80GB", 2), ("H100", 1))}, shrunk
+    for free in (_settling_case(6), _settling_case(5, settle=0)):
+        assert any(not _a100_kept(c) for c in free.all_scored)
+        assert {c.cand_id for c in free.all_scored} > {c.cand_id for c in held.all_scored}
+
+
+def test_a_breaching_ladder_may_give_up_a_settling_rank_in_a_repair_but_not_in_a_pure_scale_in():
+    """The same ladder when its own window says it breaches: a repair may rebuild it without the new rank, but
+    a pure scale-in of that rank (fewer replicas, nothing added) is still not an option."""
+    jc = _settling_case(5, risk=1.0)
+    assert any(not _a100_kept(c) for c in jc.all_scored)
+    keys = {r.key for r in jc.keep.ranks}
+    pure = [c for c in jc.all_scored if {r.key for r in c.ranks} <= keys]
+    assert pure and all(_a100_kept(c) for c in pure)
+
+
 # ---- rehome: a running rank moves to much cheaper free instances of its GPU type -----------------------
 def _rehome_case(market: str = "reserved", total: int = 1, free: int = 1):  # noqa: ANN202
     """``big`` (2,400 tok/s) runs two on-demand H100 replicas (3,200 tok/s of SLO capacity) in a full pool; a
@@ -302,7 +342,7 @@ def _rehome_case(market: str = "reserved", total: int = 1, free: int = 1):  # no
     other = pool("gcp", "a3-highgpu-8g", "us-central1", market=market, total=total, free=free)
     base = snapshot([_big(rate=2400 / 256)], [od, other])
     running = Ladder(ranks=[Rank(env=od.env, config={"instance_type": "p5.48xlarge", "tp": 8}, n_replicas=2)])
-    return with_running(base, {"big": running})
+    return with_running(base, {"big": running}).model_copy(update={"tick": 5})  # launched at 0: settled
 
 
 def _rehomed(snap, **enum):  # noqa: ANN001, ANN202

@@ -52,7 +52,8 @@ Choices:
 - **Scale-in.** An active online job whose running ladder holds more SLO capacity than its demand
   needs also gets that ladder with one rank shrunk to the n_min and headroom points
   (:func:`koi.planning.split.scale_in_ladders`): the mirror of scale-out, so capacity a repair
-  added is given back when it is no longer worth its price (SwitchCost: a drain; no gap).
+  added is given back when it is no longer worth its price (SwitchCost: a drain; no gap). A rank launched
+  inside the settle window is held while the ladder is healthy (:func:`koi.planning.split.sheds_settling`).
 - **Rehome.** An active job's running ladder with one rank's replicas moved, chain unchanged, onto free
   reserved instances of its GPU type that plan cheaper — idle committed capacity, which otherwise only a
   rebuild of the whole ladder could reach (:func:`koi.planning.split.rehome_ladders`).
@@ -106,7 +107,7 @@ from koi.planning.enumeration import chain_configs
 from koi.planning.ladder_eval import evaluate_ladders, switch_costs
 from koi.planning.options import Candidate, JobCandidates, OptionKind, RankSpec
 from koi.planning.predictor import ChainEstimate
-from koi.planning.split import SplitRows, ladder_key, running_moves, split_ladders
+from koi.planning.split import SplitRows, ladder_key, running_moves, sheds_settling, split_ladders
 from koi.planning.transition import transition_gaps
 from koi.scoring.exploration import EMPTY, Activation
 from koi.scoring.tchebycheff import reference_point, tchebycheff
@@ -291,6 +292,12 @@ class CandidateGenerator:
                 specs[i] = specs[i].with_n(n)
         return tuple(specs)
 
+    def _settling(self, js: JobState) -> list[bool]:
+        """Per running rank (in :meth:`current_specs`' order): launched inside ``enum.settle_ticks``."""
+        w = self.ctx.enum.settle_ticks
+        deps = [d for d in self.snapshot.deployments if d.job_id == js.job.job_id and d.is_live]
+        return [w > 0 and self.snapshot.tick - d.since_tick < w for d in deps]
+
     def ladder_specs(self, js: JobState, ladder: Ladder, model: ModelArch | None = None) -> tuple[RankSpec, ...]:
         """Any ladder (e.g. a proposed one) as RankSpecs; ranks on unknown pools get price 0."""
         model = model or catalog.model(js.job.model)
@@ -438,10 +445,11 @@ class CandidateGenerator:
             hetero += [h for h in split_ladders(rows, ctx, self.pools.by_id, weights=weights, online=online,
                                                 lam=lam, whole_pools=True)
                        if ladder_key(h) not in seen_keys]
+        settling = self._settling(js) if current else []
         if current:  # the running ladder's own moves: scale-out, scale-in, rehome (split.running_moves)
             hetero += running_moves(rows, ctx, current, pools=self.pools.by_id, weights=weights, online=online,
                                     demand_tps=dem, breaching=keep_eval is not None and self._breaching(js, keep_eval),
-                                    known={ladder_key(h) for h in hetero})
+                                    known={ladder_key(h) for h in hetero}, settling=settling)
         if hetero:
             hev = evaluate_ladders(js, hetero, ctx, now, np.array([max(r.cold_s for r in h) for h in hetero]))
         H = len(hetero)
@@ -516,6 +524,10 @@ class CandidateGenerator:
         fits = np.ones(F + H, dtype=bool)
         if F:
             fits[:F] = inst <= np.array([pl.total_instances for pl in rows_pool], dtype=float)
+        if current and any(settling):  # a new rank is held for the settle window (split.sheds_settling)
+            healthy = (keep_eval is not None and float(keep_eval.unserved[0]) <= 1e-3
+                       and self._keep_risk(js, float(keep_eval.p_brk[0])) <= knobs.tau)
+            fits &= ~sheds_settling(current, [ranks_of(i) for i in range(F + H)], settling, healthy=healthy)
         c3 = (all_p <= knobs.tau) & ~same & fits
         late = bool(not c3.any() and (~same & fits).any() and not online)
         eligible = (~same & fits) if late else c3
