@@ -126,9 +126,10 @@ def carry_since(reported: list[Deployment], known: list[Deployment]) -> list[Dep
 
     Why: the world knows best what runs (state, replicas up) but not when we launched a rank; a
     simulator or cloud that reports none gave every rank ``since_tick`` 0 once its report replaced our
-    record. Then the agent's view of a rank's age read a launch of this tick as one of tick 0, and
-    keep-all compensation (``deploy.py``), which marks the ranks launched this tick terminated, found
-    none. A rank we have no record of keeps what the world says.
+    record. Then the agent's view of a rank's age read a launch of this tick as one of tick 0, keep-all
+    compensation (``deploy.py``), which marks the ranks launched this tick terminated, found none, and
+    the settle window (:func:`koi.planning.split.sheds_settling`) could not tell a new rank from an old
+    one. A rank we have no record of keeps what the world says.
     """
     since = {d.rank_id: d.since_tick for d in known}
     return [d.model_copy(update={"since_tick": since[d.rank_id]}) if d.rank_id in since else d for d in reported]
