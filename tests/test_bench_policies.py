@@ -459,6 +459,21 @@ def test_the_oracle_predictor_differs_from_the_surrogate_exactly_where_a_hidden_
     assert truth.factors(other, chains["a100-tp2"], 0.0)[1] == pytest.approx(1.6)  # matches every job
 
 
+def test_the_oracle_plans_without_the_settle_window_and_the_milp_with_it(runs):
+    """The window holds a new rank until its windows are read, against a model's error; the oracle's model is the
+    truth, so its context has no window, while the MILP's (the same selector on the surrogate) has the default."""
+    from koi.bench.policies._common import baseline_context
+    from koi.planning.context import EnumerationParams
+
+    run = runs("oracle")
+    with session_scope(run.engine) as s:
+        pctx = _ctx_at(run, 1, s)  # the oracle runs two ticks
+        mine = run.proposer.context(pctx)
+        assert mine.enum.settle_ticks == 0 and mine.predictor.env_sensitive
+        assert baseline_context(pctx).enum.settle_ticks == EnumerationParams().settle_ticks > 0
+        assert mine.enum.model_copy(update={"settle_ticks": 2}) == baseline_context(pctx).enum  # nothing else differs
+
+
 # ---- learning on and off ---------------------------------------------------------------------------------------------
 def _state(run: Run, tick: int) -> tuple[Any, Any, int]:
     from koi.calibration import load_slow
