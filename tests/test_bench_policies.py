@@ -471,7 +471,8 @@ def test_the_oracle_plans_without_the_settle_window_and_the_milp_with_it(runs):
         mine = run.proposer.context(pctx)
         assert mine.enum.settle_ticks == 0 and mine.predictor.env_sensitive
         assert baseline_context(pctx).enum.settle_ticks == EnumerationParams().settle_ticks > 0
-        assert mine.enum.model_copy(update={"settle_ticks": 2}) == baseline_context(pctx).enum  # nothing else differs
+        assert mine.enum.model_copy(update={"settle_ticks": EnumerationParams().settle_ticks}) == \
+            baseline_context(pctx).enum  # nothing else differs
 
 
 # ---- learning on and off ---------------------------------------------------------------------------------------------

@@ -295,7 +295,7 @@ def test_no_scale_in_while_every_replica_is_needed_at_the_n_min_point():
         predictor=FixedPredictor(ROWS)))["big"].all_scored}
 
 
-def _settling_case(tick: int, settle: int = 2, risk: float = 0.0):  # noqa: ANN202
+def _settling_case(tick: int, settle: int = 1, risk: float = 0.0):  # noqa: ANN202
     """The over-provisioned ladder at ``tick`` with its A100 rank launched at tick 4 (a scale-out) and its H100
     rank at 0; ``risk`` is the running ladder's observed breach share (above τ: it breaches)."""
     snap = _over_provisioned(1200, tick=tick)
@@ -313,8 +313,8 @@ def _a100_kept(c) -> bool:  # noqa: ANN001
 def test_a_rank_launched_inside_the_settle_window_is_held_while_its_ladder_is_healthy():
     """One tick after the A100 rank was added the ladder is healthy and over-provisioned: no option takes a
     replica from that rank — not the scale-in builder's, not the single-pool row of the H100 rank alone, not a
-    rebuild elsewhere. Options that keep it (the H100 rank shrunk or gone) stay. A tick later the window (two
-    ticks) is over and every option is back; with the window set to 0 so it is at once."""
+    rebuild elsewhere. Options that keep it (the H100 rank shrunk or gone) stay. A tick later the window (one
+    tick after the launch) is over and every option is back; with the window set to 0 so it is at once."""
     held = _settling_case(5)
     assert held.all_scored and all(_a100_kept(c) for c in held.all_scored)
     shrunk = {tuple(_ranks(c)) for c in held.all_scored if {r.key for r in c.ranks} <= {r.key for r in held.keep.ranks}}

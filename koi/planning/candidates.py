@@ -293,10 +293,10 @@ class CandidateGenerator:
         return tuple(specs)
 
     def _settling(self, js: JobState) -> list[bool]:
-        """Per running rank (in :meth:`current_specs`' order): launched inside ``enum.settle_ticks``."""
+        """Per running rank (in :meth:`current_specs`' order): launched at most ``enum.settle_ticks`` ago."""
         w = self.ctx.enum.settle_ticks
         deps = [d for d in self.snapshot.deployments if d.job_id == js.job.job_id and d.is_live]
-        return [w > 0 and self.snapshot.tick - d.since_tick < w for d in deps]
+        return [w > 0 and self.snapshot.tick - d.since_tick <= w for d in deps]
 
     def ladder_specs(self, js: JobState, ladder: Ladder, model: ModelArch | None = None) -> tuple[RankSpec, ...]:
         """Any ladder (e.g. a proposed one) as RankSpecs; ranks on unknown pools get price 0."""

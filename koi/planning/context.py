@@ -61,8 +61,8 @@ class EnumerationParams(KoiModel):
                                                      "n_min and headroom points when it holds more (split.scale_in_ladders)")
     rehome: bool = Field(default=True, description="offer a running rank moved onto free reserved instances of its "
                                                    "GPU type that plan cheaper (split.rehome_ladders)")
-    settle_ticks: int = Field(default=2, ge=0, description="ticks a newly launched rank is held while its ladder "
-                                                           "is healthy (split.sheds_settling; 0: no window)")
+    settle_ticks: int = Field(default=1, ge=0, description="ticks after its launch a new rank is held while its "
+                                                           "ladder is healthy (split.sheds_settling; 0: no window)")
 
 
 @dataclass

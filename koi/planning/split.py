@@ -355,7 +355,7 @@ def sheds_settling(current: Sequence[RankSpec], ladders: Sequence[Sequence[RankS
     bought with a cold start, and one tick later — still warming or just warm, its own windows unread — the
     surrogate's J may prefer another ladder by a margin inside its own error, so the rank went again and a
     later breach bought capacity back with another cold start. On hetero-3h (Koi, seeds 0–11, at ``b82ce70``)
-    holding a new rank two ticks unless the running ladder breaches gave +0.21 ± 0.10 composite (8 of 12) at
+    holding a new rank the tick after its launch unless the running ladder breaches gave +0.21 ± 0.10 composite (8 of 12) at
     4% fewer dollars and 4 fewer swaps a run; homo-12h (seeds 0–2, −0.12 ± 0.22) and hetero-12h (seeds 0–1,
     −0.04 ± 0.32) level. Holding it against pure scale-ins alone did worse (hetero-3h seeds 0–5 −0.17 ± 0.15,
     8 more swaps a run): the selector reached the same capacity by a rebuild, a cold start for every replica.
