@@ -359,6 +359,7 @@ def sheds_settling(current: Sequence[RankSpec], ladders: Sequence[Sequence[RankS
     4% fewer dollars and 4 fewer swaps a run; homo-12h (seeds 0–2, −0.12 ± 0.22) and hetero-12h (seeds 0–1,
     −0.04 ± 0.32) level. Holding it against pure scale-ins alone did worse (hetero-3h seeds 0–5 −0.17 ± 0.15,
     8 more swaps a run): the selector reached the same capacity by a rebuild, a cold start for every replica.
+    Holding it two ticks did worse than one (hetero-3h seeds 0–5 −0.49 ± 0.31): the default is one tick.
     """
     out = np.zeros(len(ladders), dtype=bool)
     if not current or not any(settling):
