@@ -151,6 +151,28 @@ def test_handover_keeps_the_old_rank_serving_until_the_new_one_does(world):
     assert drops > 0 or worst_plain > 10 * worst  # requests waited at the gateway for the cold start
 
 
+def test_a_rank_replaced_beside_kept_ranks_serves_until_its_replacement_does(world):
+    """A swap that keeps one of the job's ranks and replaces the other: the kept rank serves from the start,
+    but the replaced rank hands over to what the swap launched, not to it — it takes traffic through the new
+    rank's cold start and drains once that rank serves (draining it at once left the kept rank carrying its
+    traffic through the cold start)."""
+    kept = world.launch(job(world, "chat"), rank_on(world, "l40s", n=1, tp=2), "kept")
+    a = world.launch(job(world, "chat"), rank_on(world, "l40s", n=1), "a")
+    world.advance(120)
+    t_swap = world.now()
+    b = world.launch(job(world, "chat"), rank_on(world, "h100", n=1), "b")
+    assert world.teardown("chat", a.rank_id, "a-down", drain_s=30, handover=True)
+    kinds = [e["kind"] for e in world.events()]
+    assert kinds.count("teardown_deferred") == 1 and "teardown" not in kinds
+    world.advance(t_swap + 300)
+    rec = world.records()
+    a_idx = 1  # the second rank launched
+    assert np.any((rec["rank"] == a_idx) & (rec["arrival"] > t_swap + 1))  # still in rotation after the swap
+    assert {d.rank_id for d in world.deployments()} == {kept.rank_id, b.rank_id}
+    kinds = [e["kind"] for e in world.events()]
+    assert kinds.index("teardown") > kinds.index("replica_ready", kinds.index("teardown_deferred"))
+
+
 def test_handover_without_a_replacement_times_out_and_can_be_cancelled(world):
     from koi.sim.world import HANDOVER_TIMEOUT_S
 

@@ -115,6 +115,7 @@ class RankRT:
     hourly_cost: float = 0.0
     handover_drain_s: float = 0.0  # state "handover": the drain to start once the job's other ranks serve
     handover_until: float = math.inf  # ... or at this time, whichever comes first
+    awaited: tuple[int, ...] = ()  # state "handover": the job's replicas booting when the teardown came (its replacement)
     nominal: float = 1.0
     idle_bubble: float = 0.0
     idle_comm_pct: float = 0.0
