@@ -91,3 +91,34 @@ def test_no_exploration_model_or_zero_strength_changes_nothing() -> None:
     doubted = generate(_snap(), _ctx(_exploration(CONTRADICTED)))["o"]
     assert all(c.c3_ok for c in doubted.candidates)
     assert {c.cand_id for c in doubted.candidates} <= {c.cand_id for c in base.all_scored if c.c3_ok}
+
+
+def test_the_average_story_is_the_one_the_running_ladders_exercise() -> None:
+    """d̄ is taken over the stories the fleet runs on (koi.planning.causal_risk, choice 1): a registry story no
+    ladder exercises (untested, d = 1) no longer makes every running ladder look better supported than average."""
+    from koi.domain.chain import ChainConfig, Ladder, Rank
+    from koi.planning.candidates import CandidateGenerator
+    from koi.planning.synthetic import with_running
+
+    mechs = [MechanismView("M_all", TP, *EVEN, lambda f: True),
+             MechanismView("M_scoped", KV, *CONFIRMED, lambda f: True),
+             MechanismView("M_none", PP, 1.0, 1.0, lambda f: f.get("pp", 1) > 4)]
+    ex = ExplorationModel(edge_beliefs={e: EVEN for e in TP + PP} | {e: CONFIRMED for e in KV}, mechanisms=mechs,
+                          normalise=True)
+    d = dict(zip(ex.mechanism_ids, ex.d_mech.tolist(), strict=True))
+    assert d["M_none"] == pytest.approx(1.0) and ex.doubt_mean == pytest.approx(sum(d.values()) / 3)
+    pending = _snap()
+    p4de = pending.resources.pools[0]
+    lad = Ladder(ranks=[Rank(env=p4de.env, config=ChainConfig(instance_type="p4de.24xlarge", tp=1), n_replicas=1)])
+    running = with_running(pending, {"o": lad})
+    ctx = _ctx(ex)
+
+    gen = CandidateGenerator(running, ctx)
+    fleet = (d["M_all"] + d["M_scoped"]) / 2
+    assert gen.doubt_centre() == pytest.approx(fleet)
+    keep = generate(running, ctx)["o"].keep
+    assert keep.activation.mechanisms == frozenset({ex.mechanism_ids.index("M_all"), ex.mechanism_ids.index("M_scoped")})
+    assert ex.doubt(keep.activation, gen.doubt_centre()) == pytest.approx(0.0)  # the fleet's ladder sits at ε
+    assert ex.doubt(keep.activation) < -0.4  # the registry's mean would have narrowed its band
+    # nothing runs: the registry's mean is the fallback
+    assert CandidateGenerator(pending, ctx).doubt_centre() == pytest.approx(ex.doubt_mean)

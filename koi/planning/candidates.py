@@ -60,27 +60,9 @@ Choices:
 - **Hardware classes.** A predictor that is not environment-sensitive predicts once per
   (GPU type, instance shape) and the result fans out over the pools of that class, which
   differ only in price; an environment-sensitive one is called per pool.
-- **Causal risk** (overview §2: uncertain relationships "increase estimated risk"). A
-  ladder's DRO radius is moved by the excess doubt x(L) of the mechanisms it exercises
-  (:meth:`koi.scoring.exploration.ExplorationModel.doubt`: Σ over its stories of d_m − d̄,
-  d = max(U, 1 − c), i.e. untested or contradicted by Q4 evidence, relative to the average
-  story): ε_L = ε·(1 + κ·x), x clipped to [−1/κ, 1], κ = ``knobs.causal_risk``. A ladder
-  resting on more doubted stories than average is judged on a wider band, one resting on
-  better-supported stories on a narrower one. ``evaluate_ladders`` computes p_brk at ε and at
-  ε(1 + κ) in one pass (the kernel density is shared); a kept candidate's p_brk is the
-  linear interpolation in the radius, exact in the residual regime while the ladder's worst
-  objective does not change (the inflation ε·Lip·σ̂ is linear in ε), first-order on the cold
-  band; it is clipped to [0, 1]. The activation is the one EIG already uses, so there is no
-  extra per-candidate feature work. Choices: (1) the moved p_brk enters σ (γ·p_brk) and is
-  what the plan reports, but C3 stays on the slow loop's radius ε (``c3_ok``; the validator
-  and the selector's reservation rule read that flag): C3 is the spec's chance constraint
-  under *prediction* uncertainty, and gating on a belief-moved radius would defer jobs whose
-  only ladders rest on doubted stories; (2) it is applied after C3 and dominance pruning, to
-  the candidates kept and to the running ladder, so pruning sees the plain σ; (3) the
-  widening only moves p_brk where a prediction is near its target (where ε·Lip·σ̂ ≠ 0), so
-  most ladders are untouched. κ (:class:`koi.scoring.params.PlanningKnobs`) is discussed
-  there. Without an exploration model (no mechanisms: ``koi-nodag``) or with κ = 0 nothing
-  changes: the second radius is not even computed.
+- **Causal risk** (overview §2: uncertain relationships "increase estimated risk"): a kept
+  candidate's and the running ladder's p_brk are read at a radius moved by the causal doubt of the
+  stories they rest on (:mod:`koi.planning.causal_risk`); C3 stays at ε.
 """
 
 from __future__ import annotations
@@ -101,6 +83,7 @@ from koi.domain.job import JobState, JobStatus
 from koi.domain.model import ModelArch
 from koi.planning.budget import BudgetSlice
 from koi.planning.capacity import PlanningPrices, PoolIndex, held_replicas, instances_for, size_online
+from koi.planning.causal_risk import fleet_centre, widened
 from koi.planning.context import PlanningContext
 from koi.planning.demand import batch_curve, demand_tps
 from koi.planning.enumeration import chain_configs
@@ -160,6 +143,7 @@ class CandidateGenerator:
         self._chains: dict[tuple[int, int], Chain] = {}
         self._chain_est: dict[tuple, ChainEstimate] = {}
         self._prices = PlanningPrices(self.pools, snapshot.deployments, ctx.knobs.committed_share)
+        self._centre: float | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
     def _classes(self, slice_: BudgetSlice | None) -> list[tuple[str, list[Pool]]]:
@@ -350,6 +334,15 @@ class CandidateGenerator:
                 self._feat_cache[key] = a
             act = act.union(a)
         return act
+
+    def doubt_centre(self) -> float:
+        """d̄ of the causal widening, from the running ladders (:func:`koi.planning.causal_risk.fleet_centre`)."""
+        if self._centre is None:
+            snap = self.snapshot
+            ladders = [(js, snap.ladder_of(js.job.job_id)) for js in snap.jobs if js.status is JobStatus.ACTIVE]
+            self._centre = fleet_centre(self.ctx.exploration, [
+                self.activation(js, lad.ranks, catalog.model(js.job.model)) for js, lad in ladders if lad])
+        return self._centre
 
     # -- the job -----------------------------------------------------------------------------------
     def for_job(self, js: JobState, slice_: BudgetSlice | None) -> JobCandidates:
@@ -618,17 +611,15 @@ class CandidateGenerator:
         return max(p_model, float(self.ctx.observed_risk.get(js.job.job_id, 0.0)))
 
     def _causal_risk(self, c: Candidate, p_hi: float) -> None:
-        """Widen a candidate's DRO radius by its causal doubt (module docstring, "Causal risk"):
-        p_brk ← p_brk + D(L)·(p_brk(ε(1+κ)) − p_brk(ε)), and σ's risk term with it (C3 unchanged)."""
+        """Move a candidate's DRO radius by its causal doubt (:mod:`koi.planning.causal_risk`), and σ's risk
+        term with it (C3 unchanged)."""
         p = self._widened(c.p_brk, p_hi, c.activation)
         c.sigma -= self.ctx.knobs.gamma * (p - c.p_brk)
         c.p_brk = p
 
     def _widened(self, p0: float, p_hi: float, act: Activation) -> float:
-        """p_brk at ε(1 + κ·x), x = excess doubt clipped to [−1/κ, 1], from p_brk at ε and at ε(1 + κ)."""
         kappa = self.ctx.knobs.causal_risk
-        x = min(max(self.ctx.exploration.doubt(act), -1.0 / kappa), 1.0) if kappa > 0 else 0.0
-        return min(max(p0 + x * (p_hi - p0), 0.0), 1.0)
+        return widened(p0, p_hi, self.ctx.exploration.doubt(act, self.doubt_centre()) if kappa > 0 else 0.0, kappa)
 
     def _prune_idx(self, idx: np.ndarray, rows_pid: list[str], F: int, hetero: list[tuple[RankSpec, ...]],
                    inst: np.ndarray, sigma: np.ndarray) -> list[int]:

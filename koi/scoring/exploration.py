@@ -47,7 +47,13 @@ stories add one constant per job while a scoped story (fp8 KV, PP, multi-node, a
 moves its ladders by its own d_m − d̄; (3) relative to d̄: the slow loop calibrates ε on the
 fleet's realised coverage, i.e. on the average story, so a story as doubted as the average
 leaves the radius alone, a better-supported one narrows it ("high-confidence relationships
-support exploitation") and a more doubted one widens it.
+support exploitation") and a more doubted one widens it. (4) d̄ is the average story *as the
+fleet exercises it* (:meth:`ExplorationModel.exercised_doubt`): the mean of d_m over the pairs
+(running ladder, mechanism it exercises), so the running ladders' x sum to 0 — the ladders whose
+coverage ε was calibrated on sit, on average, at ε. The registry's plain mean (``doubt_mean``)
+is the fallback when nothing runs. Measured: it counts stories no ladder exercises, which stay
+untested (high U), so on hetero-3h every running ladder's x fell to −0.5 to −0.8 by tick 10 —
+below −1/κ, i.e. radius 0 — and the widening had become a uniform narrowing.
 
 Choice: keep and defer exercise nothing (they contribute 0 to Φ in the spec, "The
 Cluster Objective"); only ladder-bearing actions count toward Expl(P).
@@ -147,7 +153,7 @@ class ExplorationModel:
     #: doubt d = max(U, 1 − c) per edge / mechanism, unnormalised (module docstring, "Doubt")
     d_edge: np.ndarray = field(init=False)
     d_mech: np.ndarray = field(init=False)
-    #: d̄, the mean doubt of the testable mechanisms (module docstring, "Doubt")
+    #: the testable mechanisms' mean doubt: d̄ when no running ladder exercises any (module docstring, "Doubt")
     doubt_mean: float = field(init=False)
     _mech_edges: list[frozenset[int]] = field(init=False)
     _testable: list[bool] = field(init=False)
@@ -207,12 +213,20 @@ class ExplorationModel:
         m = sum(float(self.u_mech[i]) for i in act.mechanisms)
         return e + self.omega_m * m
 
-    def doubt(self, act: Activation) -> float:
+    def doubt(self, act: Activation, centre: float | None = None) -> float:
         """x(L) = Σ_{m∈L} (d_m − d̄): the excess doubt of the mechanisms one ladder exercises over the
-        graph's average mechanism; 0 for a ladder exercising nothing (module docstring, "Doubt")."""
+        average story ``centre`` (default: the registry's mean); 0 for a ladder exercising nothing
+        (module docstring, "Doubt")."""
         if not act.mechanisms:
             return 0.0
-        return float((self.d_mech[list(act.mechanisms)] - self.doubt_mean).sum())
+        d_bar = self.doubt_mean if centre is None else centre
+        return float((self.d_mech[list(act.mechanisms)] - d_bar).sum())
+
+    def exercised_doubt(self, acts: Iterable[Activation]) -> float | None:
+        """d̄ as the fleet exercises it: the mean of d_m over the pairs (ladder, mechanism it exercises) of
+        ``acts`` (the running ladders), so their x(L) sum to 0; None when no ladder exercises any."""
+        idx = [i for a in acts for i in a.mechanisms]
+        return float(self.d_mech[idx].mean()) if idx else None
 
     def expl(self, acts: Iterable[Activation]) -> float:
         """Expl(P) with binary masks: the saturation 1 − Π(1 − a) is the union."""
