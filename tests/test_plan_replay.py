@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -178,12 +179,12 @@ def test_a_replay_names_the_wall_clock_limit_that_cut_the_stored_tick(koi_run, t
     assert "the stored tick's search was cut by the clock (HiGHS stopped at its 10 s time limit)" in res.stdout
 
 
-def _swap_causes():
+def _script(name: str):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "swap_causes.py"
-    spec = importlib.util.spec_from_file_location("swap_causes", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -192,7 +193,7 @@ def _swap_causes():
 def test_swap_causes_replays_exactly_the_stored_swaps(koi_run, engine):
     """benchmarks/swap_causes.py on a real kept store: at every tick it reports the swaps S4 stored and no other
     (the tiny run's ladders hold, so this pins that a keep is never counted; the rules are pinned below)."""
-    sc = _swap_causes()
+    sc = _script("swap_causes")
     cid = koi_run.meta.cluster_id
     with session_scope(engine) as s:
         for tick in range(TICKS):
@@ -210,7 +211,7 @@ def test_swap_causes_rules_on_hand_made_options():
     from koi.planning.options import OptionKind
     from koi.scoring.params import PlanningKnobs
 
-    sc = _swap_causes()
+    sc = _script("swap_causes")
     knobs = PlanningKnobs()
 
     def opt(kind, sigma, gpus, c3_ok=True, unserved=0.0, price=10.0):
@@ -238,3 +239,48 @@ def test_swap_causes_rules_on_hand_made_options():
     assert out["voluntary_margin"]["below_0.05"] == 1 and out["voluntary_from"]["dj_median"] == pytest.approx(0.02)
     w = knobs.unserved_weight * knobs.priority_weight(1.0)
     assert rows["b"]["margin"] == pytest.approx(-0.25 - (-0.2 - w * 0.1))
+
+
+def test_doubt_vs_misses_reads_the_kept_ladders_and_the_reports_windows(koi_run, engine):
+    """benchmarks/doubt_vs_misses.py on a real kept store: a row per online job the stored plan kept, and the
+    window flags are the very pairs the report's p99 SLO windows % counts."""
+    from pathlib import Path
+
+    dvm = _script("doubt_vs_misses")
+    root = Path(koi_run.meta.store).parents[2]
+    (run_json,) = root.glob("*/runs/koi/*.json")
+    records = np.load(run_json.with_suffix(".npz"))["records"]
+    missed = dvm.missed_windows(koi_run, records)
+    assert missed and 100.0 * sum(not m for m in missed.values()) / len(missed) == pytest.approx(
+        koi_run.metrics.p99_windows_pct)
+    cid = koi_run.meta.cluster_id
+    with session_scope(engine) as s:
+        for tick in range(TICKS):
+            rows = dvm.kept_doubts(s, cid, tick, koi_run.meta.tick_s)
+            stored = load_stage_output(s, cid, tick, Stage.S4_PLAN).payload["plan"]["actions"]
+            kept = {a["job_id"] for a in stored if a["type"] == "keep"}
+            assert {r["job"] for r in rows} <= kept and all(r["window"] == tick for r in rows)
+    res = _invoke_script(dvm, [koi_run.meta.store, str(run_json), "--cluster", cid])
+    assert res["ticks"] == TICKS and res["pairs"] > 0 and abs(res["x_mean"]) < 1.0
+
+
+def _invoke_script(mod, argv: list[str]) -> dict:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        mod.main(argv)
+    return json.loads(buf.getvalue())
+
+
+def test_doubt_vs_misses_summary_on_hand_made_rows():
+    """Miss share per quartile of x and the correlation's sign: misses on the most doubted ladders correlate."""
+    dvm = _script("doubt_vs_misses")
+    rows = [{"x": i * 0.05, "x_registry": i * 0.05 - 0.5, "p_brk": 0.01, "missed": i >= 15} for i in range(20)]
+    out = dvm.summarize(rows)
+    assert out["pairs"] == 20 and out["miss_share"] == pytest.approx(0.25)
+    assert [q["miss_share"] for q in out["quartiles"]] == [0.0, 0.0, 0.0, 1.0]
+    assert out["corr"] > 0.5 and out["x_registry_mean"] == pytest.approx(out["x_mean"] - 0.5)
+    assert out["p_brk_mean"] == pytest.approx(0.01)
+    assert dvm.summarize([]) == {"pairs": 0}

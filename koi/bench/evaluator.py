@@ -151,14 +151,15 @@ def _nearest_rank_p99(keys: np.ndarray, values: np.ndarray, n_keys: int) -> np.n
     return out
 
 
-def p99_windows(job_idx: np.ndarray, arrival: np.ndarray, ttft: np.ndarray, tpot: np.ndarray,
-                tpot_ok_rows: np.ndarray, ttft_t: np.ndarray, tpot_t: np.ndarray, window_s: float
-                ) -> tuple[int, int]:  # fmt: skip
-    """(windows meeting both p99 targets, windows with an arrival) over (job, window) pairs (module
+def p99_window_flags(job_idx: np.ndarray, arrival: np.ndarray, ttft: np.ndarray, tpot: np.ndarray,
+                     tpot_ok_rows: np.ndarray, ttft_t: np.ndarray, tpot_t: np.ndarray, window_s: float
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Per (job, window) pair with an arrival: (job index, window index, both p99 targets met) (module
     docstring). ``ttft`` is inf where no first token came and ``tpot`` where the request did not
     finish; ``tpot_ok_rows`` marks the requests whose TPOT counts."""
     if not len(job_idx):
-        return 0, 0
+        z = np.zeros(0, np.int64)
+        return z, z, np.zeros(0, bool)
     w = np.floor(arrival / window_s).astype(np.int64)
     n_w = int(w.max()) + 1
     key = job_idx * n_w + w
@@ -168,7 +169,46 @@ def p99_windows(job_idx: np.ndarray, arrival: np.ndarray, ttft: np.ndarray, tpot
     seen = np.unique(key)
     jobs_of = seen // n_w
     ok = (p_ttft[seen] <= ttft_t[jobs_of] + 1e-9) & (np.isnan(p_tpot[seen]) | (p_tpot[seen] <= tpot_t[jobs_of] + 1e-9))
-    return int(ok.sum()), len(seen)
+    return jobs_of, seen % n_w, ok
+
+
+def p99_windows(job_idx: np.ndarray, arrival: np.ndarray, ttft: np.ndarray, tpot: np.ndarray,
+                tpot_ok_rows: np.ndarray, ttft_t: np.ndarray, tpot_t: np.ndarray, window_s: float
+                ) -> tuple[int, int]:  # fmt: skip
+    """(windows meeting both p99 targets, windows with an arrival) over (job, window) pairs
+    (:func:`p99_window_flags`)."""
+    _, _, ok = p99_window_flags(job_idx, arrival, ttft, tpot, tpot_ok_rows, ttft_t, tpot_t, window_s)
+    return int(ok.sum()), len(ok)
+
+
+def _online_requests(inp: EvalInputs, rec_online: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The online requests the attainments count (arrived before the grace period) and what is judged of
+    each: (records, job index, TTFT s, TPOT s, tokens out, finished, TTFT targets s, TPOT targets s)."""
+    jobs, rec = inp.jobs, inp.records
+    ttft_t = np.array([j.slo.p99_ttft_ms or np.inf for j in jobs]) / 1e3
+    tpot_t = np.array([j.slo.p99_tpot_ms or np.inf for j in jobs]) / 1e3
+    o = rec[rec_online & (rec["arrival"] <= inp.horizon_s - inp.grace_s)]
+    gen = o["tokens_out"].astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(gen > 1, (o["finish"] - o["first_token"]) / np.maximum(gen - 1, 1), 0.0)
+    return (o, o["job"].astype(np.int64), o["first_token"] - o["arrival"], tpot, gen, o["status"] == SERVED,
+            ttft_t, tpot_t)
+
+
+def _window_args(on: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """:func:`p99_window_flags`' arguments from :func:`_online_requests`: no first token is an infinite TTFT,
+    not finished an infinite TPOT (waiting or dropped work breaches)."""
+    o, oj, ttft, tpot, gen, finished, ttft_t, tpot_t = on
+    return (oj, o["arrival"], np.where(np.isfinite(ttft), ttft, np.inf),
+            np.where(finished & np.isfinite(tpot), tpot, np.inf), ~finished | (gen > 1), ttft_t, tpot_t)
+
+
+def window_flags(inp: EvalInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per online (job, window) pair with an arrival: (job index, window index, both p99 targets met) — the
+    pairs ``p99_windows_pct`` counts, for diagnostics that ask which windows missed."""
+    online = np.array([j.job_class is JobClass.ONLINE for j in inp.jobs], dtype=bool)
+    rec_online = online[inp.records["job"].astype(np.int64)] if len(inp.records) else np.zeros(0, bool)
+    return p99_window_flags(*_window_args(_online_requests(inp, rec_online)), inp.window_s)
 
 
 def evaluate(inp: EvalInputs) -> Metrics:
@@ -182,26 +222,16 @@ def evaluate(inp: EvalInputs) -> Metrics:
         raise ValueError("records name a job index outside the job list")
     rec_online = online[job_idx] if len(rec) else np.zeros(0, bool)
 
-    ttft_t = np.array([j.slo.p99_ttft_ms or np.inf for j in jobs]) / 1e3
-    tpot_t = np.array([j.slo.p99_tpot_ms or np.inf for j in jobs]) / 1e3
     osl = np.array([j.workload.osl for j in jobs])
 
     # ---- online requests -------------------------------------------------------------
-    o = rec[rec_online & (rec["arrival"] <= inp.horizon_s - inp.grace_s)]
-    oj = o["job"].astype(np.int64)
-    ttft = o["first_token"] - o["arrival"]
+    on = _online_requests(inp, rec_online)
+    o, oj, ttft, tpot, gen, finished, ttft_t, tpot_t = on
     ok_ttft = np.isfinite(ttft) & (ttft <= ttft_t[oj] + 1e-9)
-    gen = o["tokens_out"].astype(float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tpot = np.where(gen > 1, (o["finish"] - o["first_token"]) / np.maximum(gen - 1, 1), 0.0)
-    finished = o["status"] == SERVED
     ok_tpot = finished & np.isfinite(tpot) & (tpot <= tpot_t[oj] + 1e-9)
     n_online = len(o)
     online_slo_tokens = float(gen[ok_ttft & ok_tpot].sum())
-    # no first token: an infinite TTFT; not finished: an infinite TPOT (waiting or dropped work breaches)
-    win_met, win_n = p99_windows(oj, o["arrival"], np.where(np.isfinite(ttft), ttft, np.inf),
-                                 np.where(finished & np.isfinite(tpot), tpot, np.inf), ~finished | (gen > 1),
-                                 ttft_t, tpot_t, inp.window_s)
+    win_met, win_n = p99_windows(*_window_args(on), inp.window_s)
     online_demand = float(osl[oj].sum()) if n_online else 0.0
 
     # ---- batch jobs --------------------------------------------------------------------
