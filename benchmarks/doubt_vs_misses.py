@@ -4,9 +4,8 @@
 STORE is a kept store of a Koi run (``koi bench run ... --keep-store``), RUN that run's cached JSON (its ``.npz`` of
 per-request records beside it). The causal widening (:mod:`koi.planning.causal_risk`) judges a ladder resting on
 more doubted stories on a wider DRO band; it can only pay where those ladders miss their targets more often. For
-every tick with a stored S4 the script replays S4 (:func:`koi.planning.replay.reload_s4`; deterministic, so the
-stored plan) and, for every online job the plan *keeps* (a ladder that serves the whole coming window, no launch
-transient), reads the ladder's excess doubt x (fleet-centred, what the planner uses) and whether the job's p99 TTFT
+every tick with a stored S4 the script loads what S4 saw (:func:`koi.planning.replay.reload_s4`) and, for every
+online job the stored plan *keeps* (a ladder that serves the whole coming window, no launch transient), reads the ladder's excess doubt x (fleet-centred, what the planner uses) and whether the job's p99 TTFT
 and TPOT both met their targets in that window (:func:`koi.bench.evaluator.window_flags`, the pairs the report's
 "p99 SLO windows" counts). It prints the miss share by quartile of x and the point-biserial correlation — a
 widening earns its keep where the top quartile misses more than the bottom one — and the mean breach risk the
@@ -25,8 +24,8 @@ from sqlmodel import select
 from koi.bench.cache import RunResult
 from koi.bench.evaluator import EvalInputs, window_flags
 from koi.domain.common import JobClass
+from koi.domain.plan import ActionType
 from koi.planning.candidates import CandidateGenerator
-from koi.planning.options import OptionKind
 from koi.planning.replay import reload_s4
 from koi.store import Stage, make_engine, session_scope, store_url
 from koi.store.tables import StageOutputRow
@@ -44,18 +43,23 @@ def missed_windows(run: RunResult, records: np.ndarray) -> dict[tuple[str, int],
 
 
 def kept_doubts(session, cluster_id: str, tick: int, tick_s: float) -> list[dict]:
-    """One row per online job whose plan at ``tick`` keeps its ladder: job, window, x (fleet-centred), x against
-    the registry's mean, the breach risk the plan reported."""
+    """One row per online job whose *stored* plan at ``tick`` keeps its ladder: job, window, x (fleet-centred), x
+    against the registry's mean, and the breach risk today's code gives the running ladder (the stored plan's, when
+    the run was made by this code). The kept jobs are read from the stored plan, so a store made by other code
+    (another κ, another centre) is judged on what it ran."""
     r = reload_s4(session, cluster_id, tick)
     ex = r.ctx.exploration
     centre = CandidateGenerator(r.snapshot, r.ctx).doubt_centre()
     w = int(np.floor(r.snapshot.now / tick_s + 1e-9))
+    kept = {a.job_id for a in (r.stored_plan.actions if r.stored_plan is not None else ()) if a.type is ActionType.KEEP}
     rows = []
-    for jid, c in sorted(r.proposal.selection.choice.items()):
-        if c.kind is not OptionKind.KEEP or not c.ranks or r.proposal.candidates[jid].state.job.job_class is not JobClass.ONLINE:
+    for jid in sorted(kept & set(r.proposal.candidates)):
+        jc = r.proposal.candidates[jid]
+        k = jc.keep
+        if k is None or not k.ranks or jc.state.job.job_class is not JobClass.ONLINE:
             continue
-        rows.append({"tick": tick, "window": w, "job": jid, "x": round(ex.doubt(c.activation, centre), 6),
-                     "x_registry": round(ex.doubt(c.activation), 6), "p_brk": round(c.p_brk, 6)})
+        rows.append({"tick": tick, "window": w, "job": jid, "x": round(ex.doubt(k.activation, centre), 6),
+                     "x_registry": round(ex.doubt(k.activation), 6), "p_brk": round(k.p_brk, 6)})
     return rows
 
 

@@ -246,6 +246,10 @@ def test_doubt_vs_misses_reads_the_kept_ladders_and_the_reports_windows(koi_run,
     window flags are the very pairs the report's p99 SLO windows % counts."""
     from pathlib import Path
 
+    from koi.domain.cluster import ClusterSnapshot
+    from koi.domain.common import JobClass
+    from koi.store import load_stage_model
+
     dvm = _script("doubt_vs_misses")
     root = Path(koi_run.meta.store).parents[2]
     (run_json,) = root.glob("*/runs/koi/*.json")
@@ -259,7 +263,9 @@ def test_doubt_vs_misses_reads_the_kept_ladders_and_the_reports_windows(koi_run,
             rows = dvm.kept_doubts(s, cid, tick, koi_run.meta.tick_s)
             stored = load_stage_output(s, cid, tick, Stage.S4_PLAN).payload["plan"]["actions"]
             kept = {a["job_id"] for a in stored if a["type"] == "keep"}
-            assert {r["job"] for r in rows} <= kept and all(r["window"] == tick for r in rows)
+            online = {j.job.job_id for j in load_stage_model(s, cid, tick, Stage.S0_SNAPSHOT, ClusterSnapshot).jobs
+                      if j.job.job_class is JobClass.ONLINE}
+            assert {r["job"] for r in rows} == kept & online and all(r["window"] == tick for r in rows)
     res = _invoke_script(dvm, [koi_run.meta.store, str(run_json), "--cluster", cid])
     assert res["ticks"] == TICKS and res["pairs"] > 0 and abs(res["x_mean"]) < 1.0
 
