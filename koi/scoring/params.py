@@ -28,8 +28,8 @@ Cold-start defaults (before the slow loop has written a state):
   weighs 0.05 × (1–10); Δ restores the intent — exploration breaks near-ties, never buys a
   clearly worse ladder — whatever the size of the graph.
 - causal_risk κ = 3: a ladder's DRO radius is ε·(1 + κ·x), x ∈ [−1/κ, 1] the excess doubt of
-  the mechanisms it exercises over the average story (:mod:`koi.planning.candidates`, "Causal
-  risk"; overview §2, uncertain relationships "increase estimated risk"). On hetero-3h the
+  the mechanisms it exercises over the average story (:mod:`koi.planning.causal_risk`; overview
+  §2, uncertain relationships "increase estimated risk"). On hetero-3h the
   ladders of one job differ in x by ≈ 0.65 (median), so κ = 3 moves the radius of a
   near-target ladder by up to ≈ ±2ε against its alternatives. Measured at 3 h, seeds 0–2:
   κ = 1 moved p_brk by ≈ 0.01 and changed no decision (85.87 on seed 0, as without it);
@@ -40,7 +40,14 @@ Cold-start defaults (before the slow loop has written a state):
   is within seed-to-seed noise and κ should be re-checked when the scenario changes. An earlier form — the *mean* doubt of every exercised edge and
   mechanism, widening only — did not discriminate between a job's ladders (±0.03) and at
   κ = 4 acted as a uniformly larger ε: more GPUs, higher cost, 85.74 on seed 0. The margin
-  is small; κ is a planner constant the slow loop does not move.
+  is small; κ is a planner constant the slow loop does not move. Those figures (and every
+  κ measurement before `251f0d6`) were made with x centred on the registry's mean doubt, which
+  put nearly every running ladder at x ≤ −1/κ (radius 0) after ten ticks; with the fleet's
+  centre (:mod:`koi.planning.causal_risk`, choice 1), hetero-3h seeds 0–5: Koi 88.80 against
+  88.73 (+0.07), the no-DAG ablation 88.94 (κ = 0); homo-12h seeds 0–2: 87.52 against 87.83.
+  A ladder's x barely predicts its missed p99 windows (hetero-3h, seeds 0–2, kept ladders:
+  correlation 0.03; the top quartile of x misses 4.1% of its windows, the others 2.2–3.3%;
+  ``benchmarks/doubt_vs_misses.py``), so κ stays 3 for want of evidence either way.
 - reserve_share ρ = 0.5: a pending job whose ladders do not fit this tick may *reserve* one —
   the plan leaves that ladder's instances free at the end of the tick (other jobs swap away;
   the A/B overlap means what they free is usable only then), and it is placed next tick
