@@ -9,12 +9,15 @@ online job the stored plan *keeps* (a ladder that serves the whole coming window
 and TPOT both met their targets in that window (:func:`koi.bench.evaluator.window_flags`, the pairs the report's
 "p99 SLO windows" counts). It prints the miss share by quartile of x and the point-biserial correlation — a
 widening earns its keep where the top quartile misses more than the bottom one — and the mean breach risk the
-plans reported for those ladders beside the share that missed.
+plans reported for those ladders beside the share that missed. Beside the x the planner read (the seed beliefs'
+doubt by default, ``doubt_evidence`` = 0) it judges the same ladders by the doubt of the whole learned posterior
+(``x_posterior``, under ``"posterior"``), so the two doubts are compared on identical plans.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -50,6 +53,9 @@ def kept_doubts(session, cluster_id: str, tick: int, tick_s: float) -> list[dict
     r = reload_s4(session, cluster_id, tick)
     ex = r.ctx.exploration
     centre = CandidateGenerator(r.snapshot, r.ctx).doubt_centre()
+    # the same ladders judged by the doubt of the whole posterior (no evidence cap): same mechanisms, same indices
+    post = dataclasses.replace(ex, doubt_evidence=None)
+    post_centre = CandidateGenerator(r.snapshot, dataclasses.replace(r.ctx, exploration=post)).doubt_centre()
     w = int(np.floor(r.snapshot.now / tick_s + 1e-9))
     kept = {a.job_id for a in (r.stored_plan.actions if r.stored_plan is not None else ()) if a.type is ActionType.KEEP}
     rows = []
@@ -59,15 +65,16 @@ def kept_doubts(session, cluster_id: str, tick: int, tick_s: float) -> list[dict
         if k is None or not k.ranks or jc.state.job.job_class is not JobClass.ONLINE:
             continue
         rows.append({"tick": tick, "window": w, "job": jid, "x": round(ex.doubt(k.activation, centre), 6),
-                     "x_registry": round(ex.doubt(k.activation), 6), "p_brk": round(k.p_brk, 6)})
+                     "x_registry": round(ex.doubt(k.activation), 6),
+                     "x_posterior": round(post.doubt(k.activation, post_centre), 6), "p_brk": round(k.p_brk, 6)})
     return rows
 
 
-def summarize(rows: list[dict]) -> dict:
-    """Miss share by quartile of x, and the correlation of x with a miss."""
+def summarize(rows: list[dict], key: str = "x") -> dict:
+    """Miss share by quartile of ``key`` (x: the doubt the planner read), and its correlation with a miss."""
     if not rows:
         return {"pairs": 0}
-    x = np.array([r["x"] for r in rows], dtype=float)
+    x = np.array([r[key] for r in rows], dtype=float)
     miss = np.array([r["missed"] for r in rows], dtype=float)
     edges = np.quantile(x, [0.0, 0.25, 0.5, 0.75, 1.0])
     q = np.clip(np.searchsorted(edges[1:-1], x, side="right"), 0, 3)
@@ -99,6 +106,9 @@ def main(argv: list[str] | None = None) -> None:
         rows = [row for t in ticks for row in kept_doubts(s, args.cluster, t, run.meta.tick_s)]
     rows = [r | {"missed": missed[(r["job"], r["window"])]} for r in rows if (r["job"], r["window"]) in missed]
     out = {"cluster": args.cluster, "ticks": len(ticks), **summarize(rows)}
+    if rows and "x_posterior" in rows[0]:
+        post = summarize(rows, "x_posterior")
+        out["posterior"] = {"corr": post["corr"], "quartiles": post["quartiles"]}
     if args.json:
         out["rows"] = rows
     print(json.dumps(out, indent=1 if args.json else None))

@@ -268,6 +268,7 @@ def test_doubt_vs_misses_reads_the_kept_ladders_and_the_reports_windows(koi_run,
             assert {r["job"] for r in rows} == kept & online and all(r["window"] == tick for r in rows)
     res = _invoke_script(dvm, [koi_run.meta.store, str(run_json), "--cluster", cid])
     assert res["ticks"] == TICKS and res["pairs"] > 0 and abs(res["x_mean"]) < 1.0
+    assert len(res["posterior"]["quartiles"]) == 4  # the same ladders under the learned posterior's doubt
 
 
 def _invoke_script(mod, argv: list[str]) -> dict:
@@ -283,8 +284,11 @@ def _invoke_script(mod, argv: list[str]) -> dict:
 def test_doubt_vs_misses_summary_on_hand_made_rows():
     """Miss share per quartile of x and the correlation's sign: misses on the most doubted ladders correlate."""
     dvm = _script("doubt_vs_misses")
-    rows = [{"x": i * 0.05, "x_registry": i * 0.05 - 0.5, "p_brk": 0.01, "missed": i >= 15} for i in range(20)]
+    rows = [{"x": i * 0.05, "x_registry": i * 0.05 - 0.5, "x_posterior": -i * 0.05, "p_brk": 0.01, "missed": i >= 15}
+            for i in range(20)]
     out = dvm.summarize(rows)
+    post = dvm.summarize(rows, "x_posterior")  # the other doubt ranks the same ladders the other way round
+    assert [q["miss_share"] for q in post["quartiles"]] == [1.0, 0.0, 0.0, 0.0] and post["corr"] < -0.5
     assert out["pairs"] == 20 and out["miss_share"] == pytest.approx(0.25)
     assert [q["miss_share"] for q in out["quartiles"]] == [0.0, 0.0, 0.0, 1.0]
     assert out["corr"] > 0.5 and out["x_registry_mean"] == pytest.approx(out["x_mean"] - 0.5)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from koi.planning.candidates import generate
@@ -122,3 +123,28 @@ def test_the_average_story_is_the_one_the_running_ladders_exercise() -> None:
     assert ex.doubt(keep.activation) < -0.4  # the registry's mean would have narrowed its band
     # nothing runs: the registry's mean is the fallback
     assert CandidateGenerator(pending, ctx).doubt_centre() == pytest.approx(ex.doubt_mean)
+
+
+def test_the_doubt_admits_at_most_the_evidence_cap() -> None:
+    """``doubt_evidence`` caps the pseudo-counts a story's doubt reads (koi.scoring.exploration, "Doubt", choice 5):
+    the prior plus the evidence gained since, scaled to the cap; EIG still reads the whole posterior."""
+    from koi.scoring.exploration import tempered, uncertainty
+
+    prior = (2.0, 1.0)  # PLAUSIBLE: d = U(2, 1) = 2/3
+    learned = (2.0 + 160.0, 1.0 + 40.0)  # 200 rows, a fifth contradicted
+    views = [MechanismView("M", KV, *learned, lambda f: True, prior)]
+    full = ExplorationModel(edge_beliefs={}, mechanisms=views)
+    at_prior = ExplorationModel(edge_beliefs={}, mechanisms=views, doubt_evidence=0.0)
+    capped = ExplorationModel(edge_beliefs={}, mechanisms=views, doubt_evidence=10.0)
+    assert full.d_mech[0] == pytest.approx(41.0 / 203.0)  # 1 − c of the posterior
+    assert at_prior.d_mech[0] == pytest.approx(2.0 / 3.0)
+    a, b = 2.0 + 8.0, 1.0 + 2.0  # 10 pseudo-counts at the evidence's rate
+    assert capped.d_mech[0] == pytest.approx(max(float(uncertainty(a, b)), b / (a + b)))
+    assert full.d_mech[0] < capped.d_mech[0] < at_prior.d_mech[0]
+    assert at_prior.u_mech[0] == full.u_mech[0]  # EIG is the learned one
+    # evidence under the cap is read in full; a view without a prior reads its posterior
+    few = tempered(np.array([4.0]), np.array([2.0]), np.array([[2.0, 1.0]]), 10.0)
+    assert (float(few[0][0]), float(few[1][0])) == (4.0, 2.0)
+    no_prior = ExplorationModel(edge_beliefs={}, mechanisms=[MechanismView("M", KV, *learned, lambda f: True)],
+                                doubt_evidence=0.0)
+    assert no_prior.d_mech[0] == pytest.approx(full.d_mech[0])

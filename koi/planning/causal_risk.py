@@ -3,7 +3,9 @@ uncertain relationships "identify informative deployments to test but increase e
 
 A ladder's radius is moved by the excess doubt x(L) of the mechanisms it exercises
 (:meth:`koi.scoring.exploration.ExplorationModel.doubt`: Σ over its stories of d_m − d̄,
-d = max(U, 1 − c), i.e. untested or contradicted by Q4 evidence):
+d = max(U, 1 − c) of the story's *seed* belief — how sure the library's authors were; the learned
+posterior drives EIG, not the risk: ``doubt_evidence`` = 0, :mod:`koi.scoring.exploration`, "Doubt",
+choice 5):
 
     ε_L = ε·(1 + κ·x),   x clipped to [−1/κ, 1],   κ = ``knobs.causal_risk``
 

@@ -61,7 +61,7 @@ def load_planning_context(session: Session, cluster_id: str, tick: int, *,
     beliefs = load_beliefs(session, cluster_id, tick, registry)
     exploration = ExplorationModel(edge_beliefs=edge_beliefs_from(beliefs),
                                    mechanisms=views_from_causal(registry, beliefs), omega_m=knobs.omega_m,
-                                   normalise=True)
+                                   normalise=True, doubt_evidence=knobs.doubt_evidence)
     if predictor is None:
         predictor = fitted_predictor(session, cluster_id)
     return PlanningContext(predictor=predictor, knobs=knobs, exploration=exploration, history=_history(slow),

@@ -54,6 +54,24 @@ coverage ε was calibrated on sit, on average, at ε. The registry's plain mean 
 is the fallback when nothing runs. Measured: it counts stories no ladder exercises, which stay
 untested (high U), so on hetero-3h every running ladder's x fell to −0.5 to −0.8 by tick 10 —
 below −1/κ, i.e. radius 0 — and the widening had become a uniform narrowing.
+(5) The doubt reads the *seed* belief of each story, not the learned one: ``doubt_evidence``
+(:class:`koi.scoring.params.PlanningKnobs`) caps the pseudo-counts of evidence the doubt admits
+(:func:`tempered`: the prior plus the evidence gained since, scaled down to the cap at the
+evidence's own rate), and the planner's cap is 0. EIG, confidence and the named hypothesis
+still read the whole posterior. Why: S3 updates *every* applicable story from every
+EvidenceRow, and consecutive rows of one ladder are nearly the same observation, so a story
+that applies broadly gains hundreds of pseudo-counts per run and its 1 − c converges on the
+contradiction rate of whatever ran in its scope; by tick 35 the learned and the seed doubts
+ranked hetero-3h's 38 stories with Spearman 0.10. Measured (hetero-3h, Koi, seeds 0–5): the
+whole posterior 88.80, a cap of 10 pseudo-counts 88.87, of 3 88.88, the prior (cap 0) 89.02 —
++0.22 over the posterior (5 of 6 seeds), $28 less a run, p99 windows 93.4% against 92.6%, 45
+swaps against 49. The gain is not better miss prediction: on the same kept ladders (seeds
+0–2, ``benchmarks/doubt_vs_misses.py``) the posterior's x correlates 0.07 with a missed p99
+window and the prior's 0.02. Our reading: a doubt that drifts with every tick's evidence moves
+the running ladders' breach risk from tick to tick (more repairs, more swaps), while the
+seed library's ordering — EVEN > PLAUSIBLE > LIKELY > STRONG > CERTAIN, i.e. how sure the
+authors of a story were — is a stable, scoped prior on where surprises live. A runtime-proposed
+story enters at Beta(1, 1), the most doubted.
 
 Choice: keep and defer exercise nothing (they contribute 0 to Φ in the spec, "The
 Cluster Objective"); only ladder-bearing actions count toward Expl(P).
@@ -81,6 +99,8 @@ class MechanismView:
     alpha: float
     beta: float
     applies: Callable[[Features], bool]
+    #: the seed Beta the posterior (α, β) grew from; None = unknown (the doubt reads the posterior as is)
+    prior: tuple[float, float] | None = None
 
 
 def uncertainty(alpha: np.ndarray | float, beta: np.ndarray | float) -> np.ndarray:
@@ -89,6 +109,28 @@ def uncertainty(alpha: np.ndarray | float, beta: np.ndarray | float) -> np.ndarr
     b = np.asarray(beta, dtype=float)
     n = a + b
     return 12.0 * a * b / (n * n * (n + 1.0))
+
+
+def tempered(alpha: np.ndarray, beta: np.ndarray, prior: np.ndarray, cap: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """The Beta the doubt reads: the prior plus the evidence gained since, scaled down to at most ``cap``
+    pseudo-counts (module docstring, "Doubt", choice 5). ``prior`` is (n, 2); a row of NaN = unknown
+    prior (the posterior as is). ``cap`` None = the posterior; 0 = the prior."""
+    a = np.asarray(alpha, dtype=float)
+    b = np.asarray(beta, dtype=float)
+    if cap is None or a.size == 0:
+        return a, b
+    pa, pb = prior[:, 0], prior[:, 1]
+    known = np.isfinite(pa) & np.isfinite(pb)
+    pa, pb = np.where(known, pa, a), np.where(known, pb, b)
+    ga, gb = np.maximum(a - pa, 0.0), np.maximum(b - pb, 0.0)
+    n = ga + gb
+    w = np.where(n > cap, cap / np.where(n > 0, n, 1.0), 1.0)
+    return pa + w * ga, pb + w * gb
+
+
+def _priors(mechs: Sequence[MechanismView]) -> np.ndarray:
+    nan = (float("nan"), float("nan"))
+    return np.array([m.prior if m.prior is not None else nan for m in mechs], dtype=float).reshape(-1, 2)
 
 
 def testable_edges(edge_ids: Iterable[str]) -> tuple[str, ...]:
@@ -146,6 +188,8 @@ class ExplorationModel:
     omega_m: float = 1.0
     #: U as a share of the graph's total (module docstring, "Scale"): the planner's setting
     normalise: bool = False
+    #: pseudo-counts of evidence the doubt admits per mechanism (:func:`tempered`); None = all of it
+    doubt_evidence: float | None = None
     edge_ids: tuple[str, ...] = field(init=False)
     mechanism_ids: tuple[str, ...] = field(init=False)
     u_edge: np.ndarray = field(init=False)
@@ -172,7 +216,8 @@ class ExplorationModel:
         ma, mb = np.array([m.alpha for m in mechs], dtype=float), np.array([m.beta for m in mechs], dtype=float)
         self.u_mech = uncertainty(ma, mb)
         self.d_edge = np.maximum(self.u_edge, ab[:, 1] / (ab[:, 0] + ab[:, 1])) if len(ids) else np.zeros(0)
-        self.d_mech = np.maximum(self.u_mech, mb / (ma + mb)) if mechs else np.zeros(0)
+        ta, tb = tempered(ma, mb, _priors(mechs), self.doubt_evidence)
+        self.d_mech = np.maximum(uncertainty(ta, tb), tb / (ta + tb)) if mechs else np.zeros(0)
         self._mech_edges = [frozenset(pos[e] for e in testable[m.mechanism_id]) for m in mechs]
         self._testable = [bool(testable[m.mechanism_id]) for m in mechs]
         every = [i for i, t in enumerate(self._testable) if t]
@@ -271,9 +316,10 @@ def views_from_causal(mechanisms: Mapping[str, object], beliefs: object | None =
         m = mechanisms[mid]
         if not getattr(m, "is_active", True):
             continue
-        b = mb.get(mid, getattr(m, "prior", None))
-        a, bb = _ab(b)
-        out.append(MechanismView(mid, tuple(m.edge_ids), a, bb, (lambda f, _m=m: applies(_m, f))))  # type: ignore[attr-defined]
+        prior = getattr(m, "prior", None)
+        a, bb = _ab(mb.get(mid, prior))
+        out.append(MechanismView(mid, tuple(m.edge_ids), a, bb, (lambda f, _m=m: applies(_m, f)),  # type: ignore[attr-defined]
+                                 None if prior is None else _ab(prior)))
     return out
 
 
