@@ -95,3 +95,24 @@ def test_adapter_over_the_causal_package() -> None:
     ex = ExplorationModel(edge_beliefs=edge_beliefs_from(state), mechanisms=views_from_causal(mechs, state))
     assert len(ex.mechanism_ids) == len([m for m in mechs.values() if m.is_active])
     assert np.all((ex.u_edge >= 0) & (ex.u_edge <= 1))
+
+
+def test_adapter_carries_each_seed_prior_for_the_doubt() -> None:
+    """views_from_causal hands every mechanism its seed Beta, so with ``doubt_evidence`` = 0 the doubt is the seed
+    belief's however far the learned one has moved, while EIG (U) reads the learned one (exploration, "Doubt", (5))."""
+    from koi.causal.mechanisms import default_mechanisms
+    from koi.scoring import views_from_causal
+
+    mechs = {k: m for k, m in default_mechanisms().items() if m.is_active}
+    learned = {k: (m.prior.alpha + 10.0, m.prior.beta + 290.0) for k, m in mechs.items()}  # heavily contradicted
+    views = views_from_causal(mechs, learned)
+    assert [v.prior for v in views] == [(mechs[v.mechanism_id].prior.alpha, mechs[v.mechanism_id].prior.beta)
+                                        for v in views]
+    seed = ExplorationModel(edge_beliefs={}, mechanisms=views, doubt_evidence=0.0)
+    posterior = ExplorationModel(edge_beliefs={}, mechanisms=views)
+    pa, pb = np.array([v.prior for v in seed.mechanisms]).T
+    assert seed.d_mech == pytest.approx(np.maximum(uncertainty(pa, pb), pb / (pa + pb)))
+    la, lb = np.array([learned[m] for m in posterior.mechanism_ids]).T
+    assert posterior.d_mech == pytest.approx(lb / (la + lb))  # 1 − c ≈ 0.96 of the learned posterior
+    assert (seed.d_mech < posterior.d_mech - 0.2).sum() == int((pa + pb > 2).sum())  # all but the EVEN seed
+    assert np.array_equal(seed.u_mech, posterior.u_mech)
