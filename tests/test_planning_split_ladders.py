@@ -257,6 +257,43 @@ def test_a_breaching_job_in_a_full_fleet_gets_scale_outs_over_whole_pools_as_res
     assert _scale_outs(full, {})[0] == []  # not while the running ladder meets its SLO
 
 
+def _grown_tp2(n: int, share: float) -> list[int]:
+    """Sizes of the grown rank among the scale-outs of one running TP2 rank of ``n`` replicas (400 tok/s of SLO
+    capacity each; four share an 8-GPU node) in a full pool of two nodes."""
+    import numpy as np
+
+    from koi.domain.chain import ChainConfig
+    from koi.planning.capacity import instances_for
+    from koi.planning.options import RankSpec
+    from koi.planning.predictor import ChainEstimate
+    from koi.planning.split import SplitRows, scale_out_ladders
+
+    full = pool("aws", "p5.48xlarge", "us-east-1", total=2, free=0)
+    est = ChainEstimate(feasible=True, cap_rps=400 / 256, cap_tps=400, sat_rps=500 / 256, sat_tps=500)
+    cur = RankSpec(full.pool_id, full.env, ChainConfig(instance_type="p5.48xlarge", tp=2), n, est,
+                   instances_for(2, n, 8), full.hourly_price, 8, 60.0)
+    rows = SplitRows([], [], [], [], np.zeros((0, 5)), np.zeros(0), lambda f: cur)
+    ctx = PlanningContext(enum=EnumerationParams(scale_out_share=share))
+    out = scale_out_ladders(rows, ctx, (cur,), weights=np.full(5, 0.2), online=True, share=share,
+                            demand_tps=0.9 * 400 * n, pools={full.pool_id: full})
+    return [lad[0].n for lad in out]
+
+
+def test_a_breaching_rank_grows_into_its_own_idle_slots_in_a_full_pool():
+    """Five TP2 replicas on two full nodes: the three idle slots are paid for, so the rank grown to eight is a
+    scale-out though no instance is free — even when three replicas carry less than half the target (share 4:
+    8,000 tok/s; the floor binds only capacity that costs instances). Eight replicas leave no slot: nothing
+    grows in the full pool."""
+    from koi.planning.capacity import filled_replicas, instances_for
+
+    assert filled_replicas(2, 5, 8) == 8 and instances_for(2, 8, 8) == instances_for(2, 5, 8)
+    assert filled_replicas(2, 4, 8) == 4 and filled_replicas(1, 1, 8) == 8 and filled_replicas(2, 0, 8) == 0
+    assert filled_replicas(8, 3, 8) == 3 and filled_replicas(16, 2, 8) == 2  # a replica spans whole nodes
+    assert _grown_tp2(5, 0.5) == [8]
+    assert _grown_tp2(5, 4.0) == [8]
+    assert _grown_tp2(8, 0.5) == []
+
+
 # ---- scale-in: an over-provisioned running ladder gives replicas back ---------------------------------
 def _over_provisioned(rate_tps: float, tick: int = 5):  # noqa: ANN202
     """``big`` runs two H100 replicas (3,200 tok/s of SLO capacity) and two A100 replicas (1,600), both ranks

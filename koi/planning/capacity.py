@@ -49,6 +49,17 @@ def instances_for(gpus_per_chain: int, n_replicas: int, gpus_per_instance: int) 
     return n_replicas * math.ceil(g / G)
 
 
+def filled_replicas(gpus_per_chain: int, n_replicas: int, gpus_per_instance: int) -> int:
+    """The replicas the instances of ``n_replicas`` hold when every one is full: ⌈n/k⌉·k with k = ⌊G/g⌋
+    replicas per instance; n itself when a replica spans whole instances (g ≥ G) or n ≤ 0. The slots
+    beyond n are paid for (instances are billed whole) and idle."""
+    g, G = max(gpus_per_chain, 1), max(gpus_per_instance, 1)
+    if n_replicas <= 0 or g >= G:
+        return n_replicas
+    k = G // g
+    return math.ceil(n_replicas / k) * k
+
+
 def held_replicas(d: Deployment) -> int:
     """Replicas a running rank holds instances for (module docstring, "What a running rank
     holds"): a degraded rank's ready replicas, else the replicas it was asked for."""
