@@ -254,11 +254,12 @@ def scale_out_ladders(rows: SplitRows, ctx: PlanningContext, current: Sequence[R
     scaled in from 8 TP2 replicas to 5 on the same two nodes; the model gave 5 enough capacity, the
     rank's queue grew past it and the job breached its p99 TPOT in every window for 42 ticks
     (observed risk 0.57), while the pool was full and no repair was offered: a grow needed a free
-    instance. Now the grow into the three idle slots is an option. Choice, measured: filling *every* rank the generator proposes to its
-    instances (the sizing points, split, scale-out and rehomed ranks) scored −1.24 on hetero-3h
-    (Koi, seeds 0–5; $147 a run more — better-latency ladders on the same footprint re-ranked the
-    jobs' J and moved agent-235b off reserved capacity), and shrinking ranks by whole instances only −0.11; the
-    grow alone −0.04 (level).
+    instance. Now the grow into the three idle slots is an option. Choice, measured on hetero-3h (Koi,
+    seeds 0–5): the grow alone −0.04 (level; hetero-12h seeds 0–3 −0.01, rag-70b's p99 windows 86.5%
+    → 95.0%); with scale-ins that free whole instances only, −0.11; filling *every* rank the generator
+    proposes to its instances (the sizing points, split, scale-out and rehomed ranks) −1.24 and $147 a
+    run more — better-latency ladders on the same footprint re-ranked the jobs' J and moved agent-235b
+    off reserved capacity.
     """
     e = ctx.enum
     F = len(rows.proto_of)
