@@ -110,6 +110,23 @@ def _swap_reason(snapshot: ClusterSnapshot, job_id: str, new: Candidate, old: Ca
     return "retune"
 
 
+def _keep_reason(jc: JobCandidates, keep: Candidate) -> str:
+    """Why a kept ladder stayed, as the scores say it. When some swap scores above keeping on its own (σ, switching
+    cost included, serving at least as much), the switching cost is not the reason: the joint plan (shared capacity
+    C1, the swap budget C4, tenant quotas C5, the other jobs' options) kept it, and the rationale names that swap. An
+    operator reading "no swap pays for its switching cost" beside a swap scored far better (hetero-12h, rag-70b, σ
+    −0.12 against a keep at −0.90 breaching in every window) was misled about what to change."""
+    if not jc.candidates:
+        return "; no alternative"
+    better = [x for x in jc.candidates if x.sigma > keep.sigma + 1e-9 and x.unserved <= keep.unserved + 1e-12]
+    if not better:  # (a swap that serves less than the keep is valued with its unserved penalty: not compared here)
+        return f"; no swap among {len(jc.candidates)} candidates pays for its switching cost"
+    best = max(better, key=lambda x: x.sigma)
+    return (f"; a swap scores above keeping on its own (σ={best.sigma:.3f}, {describe_ranks(best.ranks)}) but not "
+            f"in the joint plan: shared capacity, the swap budget or a quota went to other jobs' options (or the "
+            f"plan's exploration term)")
+
+
 def action_for(snapshot: ClusterSnapshot, jc: JobCandidates, c: Candidate, book: BudgetBook,
                issuer: Issuer = Issuer.ROOT) -> Action:
     """The domain action of one selected option, with its rationale."""
@@ -137,7 +154,7 @@ def action_for(snapshot: ClusterSnapshot, jc: JobCandidates, c: Candidate, book:
             why += (f"; reserved: {describe_ranks(r.ranks)} (σ={r.sigma:.3f}, p_brk={r.p_brk:.3f}) does not fit this tick;"
                     " the plan leaves its instances free once this tick's swaps end, to swap next tick")
         else:
-            why += f"; no swap among {n_opts} candidates pays for its switching cost" if n_opts else "; no alternative"
+            why += _keep_reason(jc, c)
         weights = keep_route_weights(snapshot, job.job_id, c.ranks)
         if weights:
             why += "; gateway re-weighed to the learned capacities: " + ", ".join(
