@@ -332,6 +332,35 @@ def test_no_scale_in_while_every_replica_is_needed_at_the_n_min_point():
         predictor=FixedPredictor(ROWS)))["big"].all_scored}
 
 
+def test_a_shrink_of_a_ladder_its_own_window_says_breaches_carries_that_risk():
+    """The over-provisioned ladder, once healthy and once breaching by its own window (observed risk 0.5 > τ).
+    Healthy, the pure scale-in (both ranks kept, one H100 replica fewer) is an option at the model's risk.
+    Breaching, it breaches at least as the window did — the same load on fewer replicas — so it carries 0.5,
+    is no repair (not below the keep's risk) and C3 drops it. A ladder that drops a rank entirely is not a
+    shrink: the dropped rank may be the one that breached, so it keeps the model's risk."""
+    from koi.planning.split import shrinks
+
+    snap = _over_provisioned(1200)
+
+    def gen(risk: float):  # noqa: ANN202
+        ctx = PlanningContext(predictor=FixedPredictor(ROWS), observed_risk={"big": risk} if risk else {})
+        jc = generate(snap, ctx)["big"]
+        return jc, {tuple(_ranks(c)): c for c in jc.all_scored}
+
+    ok, ok_by = gen(0.0)
+    bad, bad_by = gen(0.5)
+    shrink, dropped = (("A100-80GB", 2), ("H100", 1)), (("H100", 2),)
+    assert shrink in ok_by and dropped in ok_by, list(ok_by)
+    assert ok_by[shrink].p_brk < 0.2 and ok_by[shrink].cand_id in {c.cand_id for c in ok.candidates}
+    assert bad.keep.p_brk == 0.5
+    assert bad_by[shrink].p_brk == 0.5
+    assert bad_by[shrink].cand_id not in {c.cand_id for c in bad.candidates}
+    assert bad_by[shrink].sigma < ok_by[shrink].sigma
+    assert bad_by[dropped].p_brk == ok_by[dropped].p_brk < 0.5
+    keep = bad.keep.ranks
+    assert list(shrinks(keep, [keep, bad_by[shrink].ranks, bad_by[dropped].ranks])) == [False, True, False]
+
+
 def _settling_case(tick: int, settle: int = 1, risk: float = 0.0):  # noqa: ANN202
     """The over-provisioned ladder at ``tick`` with its A100 rank launched at tick 4 (a scale-out) and its H100
     rank at 0; ``risk`` is the running ladder's observed breach share (above τ: it breaches)."""

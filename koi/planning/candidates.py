@@ -54,6 +54,7 @@ Choices:
   (:func:`koi.planning.split.scale_in_ladders`): the mirror of scale-out, so capacity a repair
   added is given back when it is no longer worth its price (SwitchCost: a drain; no gap). A rank launched
   inside the settle window is held while the ladder is healthy (:func:`koi.planning.split.sheds_settling`).
+  A shrink of the running ladder carries at least its last window's observed risk (:func:`koi.planning.split.shrinks`).
 - **Rehome.** An active job's running ladder with one rank's replicas moved, chain unchanged, onto free
   reserved instances of its GPU type that plan cheaper — idle committed capacity, which otherwise only a
   rebuild of the whole ladder could reach (:func:`koi.planning.split.rehome_ladders`).
@@ -90,7 +91,7 @@ from koi.planning.enumeration import chain_configs
 from koi.planning.ladder_eval import evaluate_ladders, switch_costs
 from koi.planning.options import Candidate, JobCandidates, OptionKind, RankSpec
 from koi.planning.predictor import ChainEstimate
-from koi.planning.split import SplitRows, ladder_key, running_moves, sheds_settling, split_ladders
+from koi.planning.split import SplitRows, ladder_key, running_moves, sheds_settling, shrinks, split_ladders
 from koi.planning.transition import transition_gaps
 from koi.scoring.exploration import EMPTY, Activation
 from koi.scoring.tchebycheff import reference_point, tchebycheff
@@ -453,7 +454,17 @@ class CandidateGenerator:
             all_p_hi = np.concatenate([ev.p_brk_hi[rp], hev.p_brk_hi]) if H and hev.p_brk_hi is not None \
                 else ev.p_brk_hi[rp]
 
-        # 4. the running ladder was scored on the same footing in step 2 (keep_eval)
+        cur_cfgs = [r.config for r in current] if current else []
+        proto_cur = [any(p.config == c for c in cur_cfgs) for p in protos]
+        # 4. the running ladder was scored on the same footing in step 2 (keep_eval); a shrink of it breaches
+        # at least as its own last window did (split.shrinks)
+        floor = np.zeros(F + H)
+        if current and (obs := float(ctx.observed_risk.get(job.job_id, 0.0))) > 0.0:
+            floor[:F] = [obs if len(current) == 1 and rows_pid[f] == current[0].pool_id and proto_cur[rows_p[f]]
+                         and protos[rows_p[f]].n < current[0].n else 0.0 for f in range(F)]
+            floor[F:] = obs * shrinks(current, hetero)
+            all_p = np.maximum(all_p, floor)
+            all_p_hi = None if all_p_hi is None else np.maximum(all_p_hi, floor)
 
         # 5. reference point, J, switch, σ
         ref_y = all_y if keep_eval is None else np.vstack([all_y, keep_eval.y])
@@ -461,8 +472,6 @@ class CandidateGenerator:
         z, rng = ref.arrays() if ref is not None else (np.zeros(5), np.ones(5))
         j_all = tchebycheff(all_y, weights, z, rng, knobs.rho) if len(all_y) else np.zeros(0)
         sw = np.zeros(F + H)
-        cur_cfgs = [r.config for r in current] if current else []
-        proto_cur = [any(p.config == c for c in cur_cfgs) for p in protos]
         if current:
             cur_price = sum(r.price for r in current)
             cur_pools = {r.pool_id for r in current}
@@ -564,7 +573,7 @@ class CandidateGenerator:
             c.mechanism_id = ctx.exploration.best_mechanism(c.activation)
         if all_p_hi is not None and len(all_p_hi) == F + H:
             for c, i in zip(kept, kept_idx, strict=True):
-                self._causal_risk(c, float(all_p_hi[i]))
+                self._causal_risk(c, float(all_p_hi[i]), float(floor[i]))
         if keep_c is not None and keep_eval is not None and keep_eval.p_brk_hi is not None and keep_c.ranks:
             p_model = self._widened(float(keep_eval.p_brk[0]), float(keep_eval.p_brk_hi[0]), keep_c.activation)
             kp = self._keep_risk(js, p_model)
@@ -610,10 +619,10 @@ class CandidateGenerator:
         worse (:mod:`koi.evidence.observed`)."""
         return max(p_model, float(self.ctx.observed_risk.get(js.job.job_id, 0.0)))
 
-    def _causal_risk(self, c: Candidate, p_hi: float) -> None:
+    def _causal_risk(self, c: Candidate, p_hi: float, floor: float = 0.0) -> None:
         """Move a candidate's DRO radius by its causal doubt (:mod:`koi.planning.causal_risk`), and σ's risk
-        term with it (C3 unchanged)."""
-        p = self._widened(c.p_brk, p_hi, c.activation)
+        term with it (C3 unchanged), never below ``floor`` (a shrink's observed risk)."""
+        p = max(self._widened(c.p_brk, p_hi, c.activation), floor)
         c.sigma -= self.ctx.knobs.gamma * (p - c.p_brk)
         c.p_brk = p
 

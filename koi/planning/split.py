@@ -392,6 +392,32 @@ def sheds_settling(current: Sequence[RankSpec], ladders: Sequence[Sequence[RankS
     return out
 
 
+def shrinks(current: Sequence[RankSpec], ladders: Sequence[Sequence[RankSpec]]) -> np.ndarray:
+    """Which ``ladders`` are the running one with fewer replicas: every running rank kept in its pool on its
+    chain config, none grown, none added, at least one replica fewer.
+
+    Why: such a ladder breaches at least as its own last window did (:mod:`koi.evidence.observed`): the same
+    load on fewer replicas raises every rank's load, and a rank that breached at the old load breaches at the
+    new one. The generator floors its p_brk at that observed risk (:mod:`koi.planning.candidates`,
+    "Scale-in"). Without the floor a shrink was scored at the model's risk while the keep beside it carried
+    the observed one, so where the model was wrong a scale-in looked like a repair: on hetero-12h (Koi, seed
+    0, tick 89) rag-70b's H200 rank, breaching every window (observed risk 0.57), went from 8 TP2 replicas to
+    5 on the same two nodes — nothing saved — and breached for 35 ticks more. A ladder that drops a rank
+    entirely is not a shrink here: the dropped rank may be the one that breached. The floor is conservative
+    for a breaching rank that shrinks (its share of the traffic falls with it); moving off that rank is the
+    repair, and scale-out and rebuilds offer it.
+    """
+    held = {(r.pool_id, r.config): r.n for r in current}
+    out = np.zeros(len(ladders), dtype=bool)
+    for i, lad in enumerate(ladders):
+        has: dict[tuple[str, ChainConfig], int] = {}
+        for r in lad:
+            has[(r.pool_id, r.config)] = has.get((r.pool_id, r.config), 0) + r.n
+        out[i] = (has.keys() == held.keys() and all(n <= held[k] for k, n in has.items())
+                  and sum(has.values()) < sum(held.values()))
+    return out
+
+
 def rehome_ladders(rows: SplitRows, current: Sequence[RankSpec], *, top: int) -> list[tuple[RankSpec, ...]]:
     """The running ladder with one rank's replicas moved, chain unchanged, to free reserved instances of the
     same GPU type that are cheaper at their planning price: what an operator does when committed capacity
