@@ -3,13 +3,11 @@ its queue is growing; the keep option carries at least that risk; a job weighs i
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from koi.domain import ChainConfig, Deployment, Environment, Job, JobState, Rank, TelemetryWindow
 from koi.domain.cluster import DeploymentState
-from koi.evidence.observed import observed_rank_risk, observed_risk, rank_risk
+from koi.evidence.observed import observed_risk, rank_risk
 from koi.evidence.perfdb import Served
 
 ENV = Environment(cloud="aws", region="us-east-1", zone="us-east-1a", market="on_demand", gpu_type="H100")
@@ -94,14 +92,3 @@ def test_the_gateway_split_weighs_the_ranks_when_every_rank_carries_a_route_weig
     # one rank without a route weight: the gateway's split is unknown, the throughput served weighs
     unweighted = served([2000.0] * 5 + [400.0] * 5, [30.0] * 10, tps=10.0)
     assert observed_risk([good, unweighted]) == {"chat": pytest.approx(0.01 * 0.5)}
-
-
-def test_each_online_rank_keeps_its_own_risk_by_chain_key():
-    """The planner floors ladders of running ranks by each rank's own risk (split.sub_ladder_floor)."""
-    good = served([400.0] * 10, [30.0] * 10)
-    bad = served([2000.0] * 4 + [400.0] * 6, [30.0] * 10)
-    other = Rank(env=ENV, config=ChainConfig(tp=2, instance_type="p5.48xlarge", max_num_seqs=64), n_replicas=1)
-    bad = dataclasses.replace(bad, deployment=bad.deployment.model_copy(update={"rank": other}))
-    batch = served([9e9] * 10, [9e9] * 10, j=job("b", "batch"))
-    assert observed_rank_risk([good, bad, batch]) == {
-        "chat": {RANK.chain.key: 0.0, other.chain.key: pytest.approx(0.4)}}

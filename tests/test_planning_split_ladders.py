@@ -332,51 +332,6 @@ def test_no_scale_in_while_every_replica_is_needed_at_the_n_min_point():
         predictor=FixedPredictor(ROWS)))["big"].all_scored}
 
 
-def test_running_ranks_with_fewer_replicas_breach_at_least_as_their_own_windows_did():
-    """The over-provisioned ladder (two H100 replicas, two A100) once healthy, once with its H100 rank breaching
-    by its own window (0.6 of its samples past the target; the A100 rank clean; the job's risk 0.4 > τ).
-    Healthy, the pure scale-in (one H100 replica fewer) is an option at the model's risk. Breaching, it carries
-    the job's 0.4 — the same load on fewer replicas — so it is no repair (not below the keep's risk) and C3
-    drops it. Dropping the breaching rank leaves the clean A100 rank: the model's risk, a repair. Dropping the
-    clean rank leaves the breaching one alone: 0.6."""
-    snap = _over_provisioned(1200)
-    plain = generate(snap, PlanningContext(predictor=FixedPredictor(ROWS)))["big"]
-    key = {r.env.gpu_type: r.key for r in plain.keep.ranks}
-
-    def gen(rank_risk: dict[str, float]):  # noqa: ANN202
-        ctx = PlanningContext(predictor=FixedPredictor(ROWS), observed_risk={"big": 0.4} if rank_risk else {},
-                              observed_rank_risk={"big": rank_risk} if rank_risk else {})
-        jc = generate(snap, ctx)["big"]
-        return jc, {tuple(_ranks(c)): c for c in jc.all_scored}
-
-    ok, ok_by = gen({})
-    bad, bad_by = gen({key["H100"]: 0.6, key["A100-80GB"]: 0.0})
-    shrink, a100_only, h100_only = (("A100-80GB", 2), ("H100", 1)), (("A100-80GB", 2),), (("H100", 2),)
-    assert {shrink, a100_only, h100_only} <= set(ok_by), list(ok_by)
-    assert ok_by[shrink].p_brk < 0.2 and ok_by[shrink].cand_id in {c.cand_id for c in ok.candidates}
-    assert bad.keep.p_brk == 0.4
-    assert bad_by[shrink].p_brk == 0.4 and bad_by[shrink].sigma < ok_by[shrink].sigma
-    assert bad_by[shrink].cand_id not in {c.cand_id for c in bad.candidates}
-    assert bad_by[a100_only].p_brk == ok_by[a100_only].p_brk < 0.2
-    assert bad_by[h100_only].p_brk == 0.6
-
-
-def test_the_sub_ladder_floor_counts_only_ladders_of_running_ranks_with_fewer_replicas():
-    """A scale-in (every rank kept) carries the ladder's observed risk; a ladder that drops a rank carries the
-    remaining ranks' own risks weighted by the capacity each keeps (a rank without a window: 0). Growing a
-    rank, adding one or keeping every replica is no sub-ladder: floor 0."""
-    from koi.planning.split import sub_ladder_floor
-
-    keep = generate(_over_provisioned(1200), PlanningContext(predictor=FixedPredictor(ROWS)))["big"].keep.ranks
-    h100, a100 = sorted(keep, key=lambda r: r.env.gpu_type != "H100")  # 1,600 and 800 tok/s a replica
-    risk = {h100.key: 1.0, a100.key: 0.5}
-    ladders = [keep, (h100.with_n(3), a100), (h100.with_n(1), a100), (a100.with_n(1),), (h100,),
-               (h100.with_n(1), a100.with_n(1))]
-    assert list(sub_ladder_floor(keep, ladders, risk, job_risk=0.7)) == [0.0, 0.0, 0.7, 0.5, 1.0, 0.7]
-    assert list(sub_ladder_floor(keep, [(h100.with_n(1),), (a100,)], {a100.key: 0.5})) == [0.0, 0.5]
-    assert list(sub_ladder_floor(keep, ladders, {})) == [0.0] * 6
-
-
 def _settling_case(tick: int, settle: int = 1, risk: float = 0.0):  # noqa: ANN202
     """The over-provisioned ladder at ``tick`` with its A100 rank launched at tick 4 (a scale-out) and its H100
     rank at 0; ``risk`` is the running ladder's observed breach share (above τ: it breaches)."""

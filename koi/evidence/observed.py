@@ -33,10 +33,6 @@ max(p_model, P̂_obs) for the keep option (:mod:`koi.planning.candidates`). Choi
   whatever the other ranks do.
 - Online jobs only (a batch job's risk is its deadline, which the model's throughput already
   tracks).
-
-**P̂_obs per rank** (:func:`observed_rank_risk`, by chain key) is kept as well: a ladder the planner
-builds from running ranks alone, with fewer replicas, breaches on each of them at least as their own
-windows did (:func:`koi.planning.split.sub_ladder_floor`).
 """
 
 from __future__ import annotations
@@ -86,15 +82,6 @@ def _shares(offered: list[float | None], served_tps: list[float]) -> np.ndarray:
         w = np.maximum(np.asarray(served_tps, dtype=float), 0.0)
     total = float(w.sum())
     return w / total if total > 0 else np.full(len(offered), 1.0 / len(offered))
-
-
-def observed_rank_risk(served: Iterable[Served]) -> dict[str, dict[str, float]]:
-    """job id → chain key → P̂_obs of each settled online rank (module docstring)."""
-    out: dict[str, dict[str, float]] = {}
-    for s in served:
-        if s.job.job.job_class is JobClass.ONLINE:
-            out.setdefault(s.job.job.job_id, {})[s.deployment.rank.chain.key] = rank_risk(s)
-    return out
 
 
 def observed_risk(served: Iterable[Served]) -> dict[str, float]:

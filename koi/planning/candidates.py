@@ -49,11 +49,11 @@ Choices:
   service slowed by the H100 driver update was charged a 32% gap for every repair, kept its
   breaching ladder for ten ticks and met its p99 TPOT on ~45% of requests meanwhile), or split
   ladders whose first rank must meet τ alone, which a slowed GPU's chains no longer do.
-- **Scale-in.** An active online job whose running ladder holds more SLO capacity than its demand needs
-  also gets that ladder with one rank shrunk to the n_min and headroom points (``split.scale_in_ladders``): the
-  mirror of scale-out, so capacity a repair added is given back when no longer worth its price (SwitchCost: a
-  drain; no gap). A rank launched inside the settle window is held while the ladder is healthy
-  (``split.sheds_settling``). Fewer replicas of running ranks breach as they did at least (``split.sub_ladder_floor``).
+- **Scale-in.** An active online job whose running ladder holds more SLO capacity than its demand
+  needs also gets that ladder with one rank shrunk to the n_min and headroom points
+  (:func:`koi.planning.split.scale_in_ladders`): the mirror of scale-out, so capacity a repair
+  added is given back when it is no longer worth its price (SwitchCost: a drain; no gap). A rank launched
+  inside the settle window is held while the ladder is healthy (:func:`koi.planning.split.sheds_settling`).
 - **Rehome.** An active job's running ladder with one rank's replicas moved, chain unchanged, onto free
   reserved instances of its GPU type that plan cheaper — idle committed capacity, which otherwise only a
   rebuild of the whole ladder could reach (:func:`koi.planning.split.rehome_ladders`).
@@ -90,14 +90,7 @@ from koi.planning.enumeration import chain_configs
 from koi.planning.ladder_eval import evaluate_ladders, switch_costs
 from koi.planning.options import Candidate, JobCandidates, OptionKind, RankSpec
 from koi.planning.predictor import ChainEstimate
-from koi.planning.split import (
-    SplitRows,
-    ladder_key,
-    running_floor,
-    running_moves,
-    sheds_settling,
-    split_ladders,
-)
+from koi.planning.split import SplitRows, ladder_key, running_moves, sheds_settling, split_ladders
 from koi.planning.transition import transition_gaps
 from koi.scoring.exploration import EMPTY, Activation
 from koi.scoring.tchebycheff import reference_point, tchebycheff
@@ -460,11 +453,7 @@ class CandidateGenerator:
             all_p_hi = np.concatenate([ev.p_brk_hi[rp], hev.p_brk_hi]) if H and hev.p_brk_hi is not None \
                 else ev.p_brk_hi[rp]
 
-        cur_cfgs = [r.config for r in current] if current else []
-        proto_cur = [any(p.config == c for c in cur_cfgs) for p in protos]
-        # 4. keep_eval scored the running ladder in step 2; its ranks with fewer replicas breach as they did at least
-        floor = running_floor(rows, current or (), hetero, *ctx.observed(job.job_id))
-        all_p, all_p_hi = np.maximum(all_p, floor), None if all_p_hi is None else np.maximum(all_p_hi, floor)
+        # 4. the running ladder was scored on the same footing in step 2 (keep_eval)
 
         # 5. reference point, J, switch, σ
         ref_y = all_y if keep_eval is None else np.vstack([all_y, keep_eval.y])
@@ -472,6 +461,8 @@ class CandidateGenerator:
         z, rng = ref.arrays() if ref is not None else (np.zeros(5), np.ones(5))
         j_all = tchebycheff(all_y, weights, z, rng, knobs.rho) if len(all_y) else np.zeros(0)
         sw = np.zeros(F + H)
+        cur_cfgs = [r.config for r in current] if current else []
+        proto_cur = [any(p.config == c for c in cur_cfgs) for p in protos]
         if current:
             cur_price = sum(r.price for r in current)
             cur_pools = {r.pool_id for r in current}
@@ -573,7 +564,7 @@ class CandidateGenerator:
             c.mechanism_id = ctx.exploration.best_mechanism(c.activation)
         if all_p_hi is not None and len(all_p_hi) == F + H:
             for c, i in zip(kept, kept_idx, strict=True):
-                self._causal_risk(c, float(all_p_hi[i]), float(floor[i]))
+                self._causal_risk(c, float(all_p_hi[i]))
         if keep_c is not None and keep_eval is not None and keep_eval.p_brk_hi is not None and keep_c.ranks:
             p_model = self._widened(float(keep_eval.p_brk[0]), float(keep_eval.p_brk_hi[0]), keep_c.activation)
             kp = self._keep_risk(js, p_model)
@@ -619,10 +610,10 @@ class CandidateGenerator:
         worse (:mod:`koi.evidence.observed`)."""
         return max(p_model, float(self.ctx.observed_risk.get(js.job.job_id, 0.0)))
 
-    def _causal_risk(self, c: Candidate, p_hi: float, floor: float = 0.0) -> None:
-        """Move a candidate's DRO radius by its causal doubt (:mod:`koi.planning.causal_risk`), and σ's risk term
-        with it (C3 unchanged), never below ``floor`` (:func:`koi.planning.split.sub_ladder_floor`)."""
-        p = max(self._widened(c.p_brk, p_hi, c.activation), floor)
+    def _causal_risk(self, c: Candidate, p_hi: float) -> None:
+        """Move a candidate's DRO radius by its causal doubt (:mod:`koi.planning.causal_risk`), and σ's risk
+        term with it (C3 unchanged)."""
+        p = self._widened(c.p_brk, p_hi, c.activation)
         c.sigma -= self.ctx.knobs.gamma * (p - c.p_brk)
         c.p_brk = p
 

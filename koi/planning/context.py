@@ -80,12 +80,5 @@ class PlanningContext:
     #: shares weighted by their traffic (:mod:`koi.evidence.observed`); the keep option's p_brk is
     #: at least this
     observed_risk: Mapping[str, float] = field(default_factory=dict)
-    #: job id → chain key → each settled running rank's own observed breach share (the same windows);
-    #: a ladder of running ranks with fewer replicas breaches at least as they did (split.sub_ladder_floor)
-    observed_rank_risk: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     cluster_id: str = ""
     tick: int = 0
-
-    def observed(self, job_id: str) -> tuple[Mapping[str, float], float]:
-        """A job's observed risk per running rank (by chain key) and of its running ladder (0: none settled)."""
-        return self.observed_rank_risk.get(job_id, {}), float(self.observed_risk.get(job_id, 0.0))

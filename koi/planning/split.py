@@ -392,63 +392,6 @@ def sheds_settling(current: Sequence[RankSpec], ladders: Sequence[Sequence[RankS
     return out
 
 
-def sub_ladder_floor(current: Sequence[RankSpec], ladders: Sequence[Sequence[RankSpec]],
-                     rank_risk: Mapping[str, float], job_risk: float = 0.0) -> np.ndarray:
-    """For each of ``ladders`` built from running ranks alone — each rank of ``current`` kept in its pool on
-    its chain config with at most its replicas, or dropped; nothing added or grown; at least one replica
-    fewer — the breach probability it has at least. 0 for any other ladder.
-
-    - *Every rank kept* (a scale-in): the running ladder's own observed risk, ``job_risk``
-      (:func:`koi.evidence.observed.observed_risk`). The same load on fewer replicas raises every rank's load,
-      so a rank that breached at the old load breaches at the new one.
-    - *A rank dropped*: the remaining ranks' own observed risks (``rank_risk``, by chain key;
-      :func:`koi.evidence.observed.observed_rank_risk`) weighted by the load each now carries (its SLO
-      capacity, as the planner splits it) — dropping the rank that breached is still a repair on the model's
-      word when the others' windows were clean.
-
-    Why: such a ladder was scored at the model's risk while the keep beside it carried the observed one, so
-    where the model was wrong a scale-in looked like a repair: on hetero-12h (Koi, seed 0, tick 89) rag-70b's
-    H200 rank, breaching every window (observed risk 0.57), went from 8 TP2 replicas to 5 on the same two
-    nodes — nothing saved — and breached for 35 ticks more. With the scale-in floored alone, the same seed
-    flapped instead between three ranks and the two breaching ones without the third (25 swaps of rag-70b),
-    the drop scored at the model's risk. A scale-in that shrinks only a breaching rank moves part of its
-    traffic elsewhere, so its true risk may be below ``job_risk``; it is floored there anyway, because
-    a breach under load is what the model misses (its repair is a grow or a rebuild, which are offered).
-    A rank without a settled window counts 0.
-    """
-    held = {(r.pool_id, r.config): r for r in current}
-    out = np.zeros(len(ladders))
-    if not rank_risk and job_risk <= 0.0:
-        return out
-    n_held = sum(r.n for r in current)
-    for i, lad in enumerate(ladders):
-        has: dict[tuple[str, ChainConfig], int] = {}
-        for r in lad:
-            has[(r.pool_id, r.config)] = has.get((r.pool_id, r.config), 0) + r.n
-        if not has or any(k not in held or n > held[k].n for k, n in has.items()) or sum(has.values()) >= n_held:
-            continue
-        if has.keys() == held.keys():
-            out[i] = job_risk
-            continue
-        cap = np.array([n * max(held[k].est.cap_tps, 0.0) for k, n in has.items()])
-        risk = np.array([float(rank_risk.get(held[k].key, 0.0)) for k in has])
-        out[i] = float(cap @ risk / cap.sum()) if cap.sum() > 0 else float(risk.max())
-    return out
-
-
-def running_floor(rows: SplitRows, current: Sequence[RankSpec], ladders: Sequence[Sequence[RankSpec]],
-                  rank_risk: Mapping[str, float], job_risk: float = 0.0) -> np.ndarray:
-    """:func:`sub_ladder_floor` over one job's single-pool rows, then its built ``ladders`` (the generator's order)."""
-    out = np.zeros(len(rows.proto_of) + len(ladders))
-    if not current or (not rank_risk and job_risk <= 0.0):
-        return out
-    mine = {(r.pool_id, r.config) for r in current}
-    sub = [f for f in range(len(rows.proto_of)) if (rows.pid[f], rows.protos[rows.proto_of[f]].config) in mine]
-    out[sub] = sub_ladder_floor(current, [(rows.spec(f),) for f in sub], rank_risk, job_risk)
-    out[len(rows.proto_of):] = sub_ladder_floor(current, ladders, rank_risk, job_risk)
-    return out
-
-
 def rehome_ladders(rows: SplitRows, current: Sequence[RankSpec], *, top: int) -> list[tuple[RankSpec, ...]]:
     """The running ladder with one rank's replicas moved, chain unchanged, to free reserved instances of the
     same GPU type that are cheaper at their planning price: what an operator does when committed capacity

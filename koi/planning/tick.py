@@ -64,24 +64,21 @@ def load_planning_context(session: Session, cluster_id: str, tick: int, *,
                                    normalise=True, doubt_evidence=knobs.doubt_evidence)
     if predictor is None:
         predictor = fitted_predictor(session, cluster_id)
-    job_risk, rank_risk = _observed_risk(session, cluster_id, tick)
     return PlanningContext(predictor=predictor, knobs=knobs, exploration=exploration, history=_history(slow),
-                           cluster_id=cluster_id, tick=tick, observed_risk=job_risk, observed_rank_risk=rank_risk)
+                           cluster_id=cluster_id, tick=tick, observed_risk=_observed_risk(session, cluster_id, tick))
 
 
-def _observed_risk(session: Session, cluster_id: str, tick: int) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """This tick's observed breach share of each online job's running ladder and of each of its settled ranks
-    (:mod:`koi.evidence.observed`)."""
+def _observed_risk(session: Session, cluster_id: str, tick: int) -> dict[str, float]:
+    """This tick's observed breach share of each online job's running ladder (:mod:`koi.evidence.observed`)."""
     from koi.domain import ClusterSnapshot
-    from koi.evidence.observed import observed_rank_risk, observed_risk
+    from koi.evidence.observed import observed_risk
     from koi.evidence.perfdb import SETTLED_WINDOWS, served_windows
     from koi.store import Stage, load_stage_model
 
     snap = load_stage_model(session, cluster_id, tick, Stage.S0_SNAPSHOT, ClusterSnapshot)
     if snap is None:
-        return {}, {}
-    served = served_windows(session, cluster_id, tick, snap, settled=SETTLED_WINDOWS)
-    return observed_risk(served), observed_rank_risk(served)
+        return {}
+    return observed_risk(served_windows(session, cluster_id, tick, snap, settled=SETTLED_WINDOWS))
 
 
 #: Fitted predictors by the digest of the PerfDB records they were fitted on (newest last).

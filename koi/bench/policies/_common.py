@@ -117,7 +117,7 @@ def baseline_context(ctx: ProposeContext, predictor: Predictor | None = None) ->
     """A policy without mechanism learning: fresh surrogate (or ``predictor``), β = 0, no exploration,
     and no reading of the running ladders' telemetry (``observed_risk``): it plans on the surrogate alone."""
     pc = planning_context(ctx, predictor=predictor or fresh_predictor(), beta=0.0, explore=False)
-    pc.observed_risk, pc.observed_rank_risk = {}, {}
+    pc.observed_risk = {}
     return pc
 
 

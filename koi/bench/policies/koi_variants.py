@@ -88,7 +88,7 @@ class KoiFrozen(KoiProposer):
 
     def context(self, ctx: Any) -> Any:
         pc = planning_context(ctx, predictor=fresh_predictor())
-        pc.observed_risk, pc.observed_rank_risk = {}, {}  # no online learning: not even its running ladders' last windows
+        pc.observed_risk = {}  # no online learning: not even its running ladders' last windows
         return pc
 
 
