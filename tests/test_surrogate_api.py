@@ -295,3 +295,45 @@ def test_capacity_search_is_unchanged_by_batched_bisection(s, monkeypatch):
     assert batched == sequential
     assert n_batched < solves["n"]  # the tree took fewer solves for the same capacities
     assert any(0.0 < c.rps < c.saturation_rps * s.utilization_cap for caps in batched for c in caps)  # bisected
+
+
+def _gamma(cv: float, rate: float = 6.0) -> Job:
+    wl = job(rate=rate).workload.model_dump(mode="json")
+    wl["arrival"] = {"process": "gamma", "rate_rps": rate, "cv": cv}
+    return Job(job_id="j", model="llama-3.1-8b", job_class="online", slo={"p99_ttft_ms": 1000.0, "p99_tpot_ms": 50.0},
+               workload=wl)  # fmt: skip
+
+
+def test_a_round_robin_gateway_shares_a_bursty_streams_bursts_over_its_engines(s):
+    """One engine taking every m-th request of a gamma stream of CV c sees CV c/√m (core._thinning)."""
+    from koi.surrogate.core import _thinning
+
+    one = Rank(env=env(), config=ChainConfig(tp=1, instance_type="p5.48xlarge"), n_replicas=1)
+    four = one.model_copy(update={"n_replicas": 4})
+    bursty = _gamma(2.0)
+    # the same load per engine: a 1-replica rank at 1.5 rps against 4 replicas sharing 6 rps
+    b1 = s.predict_rank(_gamma(2.0, 1.5), one).values["p99_ttft_ms"]
+    b4 = s.predict_rank(bursty, four).values["p99_ttft_ms"]
+    p1 = s.predict_rank(job(rate=1.5), one).values["p99_ttft_ms"]
+    assert b1 > 1.2 * b4
+    assert b4 == pytest.approx(p1, rel=1e-9)  # four-way thinning leaves CV 2/√4 = 1: Poisson's
+    # a rank taking half of the job over 2 replicas: each engine sees a quarter of the stream
+    assert _thinning(bursty, np.array([3.0]), np.array([2.0]), np.array([1.0])).tolist() == [4.0]
+    # a batch job run saturated (NaN offered) and a what-if above the job's rate are not thinned
+    assert _thinning(bursty, np.array([np.nan, 60.0]), np.array([2.0, 1.0]), np.array([1.0, 1.0])).tolist() == [1.0, 1.0]
+    assert _thinning(batch_job(), np.array([5.0]), np.array([4.0]), np.array([1.0])).tolist() == [1.0]
+
+
+def test_the_arrival_grid_summarises_ratios_per_cell():
+    from koi.surrogate import arrival_eval
+
+    rows = [{"arrival": "gamma-2", "replicas": 1, "pred_ttft_ms": p, "obs_ttft_ms": 100.0, "pred_tpot_ms": 20.0,
+             "obs_tpot_ms": 10.0} for p in (50.0, 100.0, 400.0)]  # fmt: skip
+    (cell,) = arrival_eval.summarise(rows)
+    assert (cell["arrival"], cell["replicas"], cell["n"]) == ("gamma-2", 1, 3)
+    assert cell["ttft_ratio_median"] == 1.0 and cell["tpot_ratio_median"] == 2.0
+    o = arrival_eval.overall(rows)
+    assert o["ttft_abs_log_ratio_median"] == pytest.approx(np.log(2.0), abs=1e-3)
+    assert o["tpot_abs_log_ratio_median"] == pytest.approx(np.log(2.0), abs=1e-3)
+    grid = arrival_eval.build_grid()
+    assert {a for _, _, a in grid} == set(arrival_eval.ARRIVALS) and {r.n_replicas for _, r, _ in grid} == {1, 2, 4}

@@ -78,3 +78,42 @@ def test_a_cap_on_a_grid_point_below_an_unstable_one_is_solved_not_nan():
         v = getattr(r, name)
         assert np.all(np.isfinite(v)), name
         assert v[0] == pytest.approx(v[1], rel=1e-6), name
+
+
+def test_renewal_count_quantile_is_poisson_for_poisson_and_floor_for_clockwork():
+    from scipy.stats import poisson
+
+    from koi.surrogate.queueing import renewal_count_q99
+
+    # continuous: the integer quantile plus less than one, monotone in the mean count
+    m = np.linspace(0.0, 40.0, 4001)
+    q, ppf = renewal_count_q99(m, np.ones_like(m)), poisson.ppf(0.99, m)
+    assert np.all(q >= ppf) and np.all(q <= ppf + 1.0) and q[0] == 0.0
+    assert np.all(np.diff(q) >= -1e-9)
+    # where the quantile steps, it is the integer one (to the next count's tail mass)
+    steps = np.flatnonzero(np.diff(ppf) > 0) + 1
+    assert np.all(q[steps] - ppf[steps] < 0.05)
+    # a clockwork stream: floor(m) arrivals within m gaps of an arrival
+    k = renewal_count_q99(np.array([0.4, 2.5, 7.9]), np.zeros(3))
+    assert np.all(k >= [0.0, 2.0, 7.0]) and np.all(k < [0.05, 2.05, 7.05])
+
+
+@pytest.mark.parametrize("ca", [0.5, 1.5, 3.0])
+def test_renewal_count_quantile_matches_a_simulated_gamma_stream(ca):
+    from koi.surrogate.queueing import renewal_count_q99
+
+    rng = np.random.default_rng(7)
+    k = 1.0 / ca**2
+    gaps = rng.gamma(k, 1.0 / k, (100_000, 120)).cumsum(axis=1)  # unit rate, seen from an arrival
+    for m in (0.1, 0.5, 3.0):
+        sim = np.percentile((gaps <= m).sum(axis=1), 99)
+        assert abs(renewal_count_q99(np.array([m]), np.array([ca]))[0] - sim) <= 1.0
+
+
+def test_bursty_arrivals_cluster_prompts_in_the_tail_not_the_mean():
+    # light load: Kingman's heavy-traffic waits are small, so the tail is the co-scheduled cluster
+    pois = solve(inputs([2.0], ca=1.0, isl=2000.0, c_pf=1e-4))
+    bursty = solve(inputs([2.0], ca=3.0, isl=2000.0, c_pf=1e-4))
+    smooth = solve(inputs([2.0], ca=0.0, isl=2000.0, c_pf=1e-4))
+    assert bursty.ttft_p99[0] > 1.5 * pois.ttft_p99[0] > 1.5 * smooth.ttft_p99[0] * 0.99
+    assert bursty.ttft_mean[0] < 1.2 * pois.ttft_mean[0]

@@ -136,7 +136,7 @@ def test_predict_record_is_the_planners_corrected_prediction_at_the_records_load
                              observed_y={k: truth.values[k] for k in ("p99_tpot_ms", "p99_ttft_ms")})
 
     fitted = Surrogate.from_records([record(t, rho * sat) for t, rho in enumerate(np.linspace(0.1, 0.5, 10))])
-    rec = record(99, 0.6 * sat / 1.2)
+    rec = record(99, 0.7 * sat / 1.2)
     got = fitted.residuals.predict_record(rec, ["p99_ttft_ms", "p99_tpot_ms"])
     no_ttft = rec.model_copy(update={"predicted": {k: v for k, v in rec.predicted.items() if k != "p99_ttft_ms"}})
     assert set(fitted.residuals.predict_record(no_ttft, ["p99_ttft_ms", "p99_tpot_ms"])) == {"p99_tpot_ms"}

@@ -42,7 +42,8 @@ def _fmt_err(d: dict[str, Any]) -> str:
 @app.command("eval")
 def eval_cmd(
     json_out: bool = JSON,
-    part: list[str] = typer.Option(["silicon", "sim", "a10g"], "--part", help="silicon, sim, a10g (repeatable)"),
+    part: list[str] = typer.Option(["silicon", "sim", "a10g"], "--part",
+                                   help="silicon, sim, a10g, arrivals (repeatable)"),
     configs: int = typer.Option(216, help="simulator grid size (≥ 200 deployments)"),
     learn: int = typer.Option(20, help="deployments the learned surrogate observes"),
     seed: int = typer.Option(0, help="grid and world seed"),
@@ -56,6 +57,10 @@ def eval_cmd(
         out["silicon"] = evaluate.silicon_eval(limit=silicon_limit, seed=seed)
     if "sim" in part:
         out["sim"] = evaluate.sim_eval(n_configs=configs, n_learn=learn, seed=seed, progress=_progress(not json_out))
+    if "arrivals" in part:
+        from koi.surrogate import arrival_eval
+
+        out["arrivals"] = arrival_eval.arrival_eval(seed=seed, progress=_progress(not json_out))
     if "a10g" in part:
         out["a10g"] = {
             "bf16": evaluate.a10g_example(weight_dtype="bf16", gpu_mem_util=0.95),
@@ -80,6 +85,14 @@ def eval_cmd(
                  "roofline": _fmt_err(v.get("roofline", {}))} for k, v in s["errors"].items()]  # fmt: skip
         emit(rows, False, title=f"simulator grid: {s['configs']} deployments over {len(s['gpu_types'])} GPU types, "
                                 f"abs % error median / p90 on the {s['evaluated_on']} not learned from")  # fmt: skip
+    if "arrivals" in out:
+        a = out["arrivals"]
+        rows = [{"arrival": c["arrival"], "replicas": c["replicas"], "n": c["n"],
+                 "p99 TTFT pred/obs median [p10, p90]": _fmt_ratio(c, "ttft"),
+                 "p99 TPOT pred/obs median [p10, p90]": _fmt_ratio(c, "tpot")} for c in a["cells"]]  # fmt: skip
+        o = a["overall"]
+        emit(rows, False, title=f"arrival shapes: {a['deployments']} deployments; median |log(pred/obs)| p99 TTFT "
+                                f"{o['ttft_abs_log_ratio_median']}, p99 TPOT {o['tpot_abs_log_ratio_median']}")  # fmt: skip
     if "a10g" in out:
         for dt, a in out["a10g"].items():
             cols = ["rank", "layout", "instances", "feasible", "tok_per_s", "usd_per_mtok", "usd_per_hour", "roofline_tok_per_s",
@@ -87,6 +100,12 @@ def eval_cmd(
             emit(a["rows"], False, columns=cols,
                  title=f"Llama-3-70B on 8 A10G, 2048/512, {dt} weights (gpu_mem_util {a['gpu_mem_util']}): "
                        f"{a['feasible_layouts']} feasible, spread {a['spread']} (paper: 5 layouts, 4.4x tok/s, 7.5x $/tok)")  # fmt: skip
+
+
+def _fmt_ratio(c: dict[str, Any], key: str) -> str:
+    if c.get(f"{key}_ratio_median") is None:
+        return "-"
+    return f"{c[f'{key}_ratio_median']:.2f} [{c[f'{key}_ratio_p10']:.2f}, {c[f'{key}_ratio_p90']:.2f}]"
 
 
 @app.command()

@@ -261,7 +261,8 @@ class Surrogate(CapacityMixin, ClosedLoopMixin):
             osl=ones * d.osl,
             osl_p05=ones * d.osl_p05,
             osl_cv=ones * d.osl_cv,
-            ca=ones * d.ca,
+            # the gateway thins the job's stream over its engines (f["thin"], see predict_many)
+            ca=d.ca / np.sqrt(f["thin"]) if "thin" in f else ones * d.ca,
             b_grid=B_GRID,
             t_dec=rows["t_dec"],
             c_pf=rows["cpf"],
@@ -440,6 +441,9 @@ class Surrogate(CapacityMixin, ClosedLoopMixin):
             # saturation first (needed when a batch job runs saturated), then the offered load
             sat_rep = self._saturation(prep)
             off = offered[idx]
+            prep.f["thin"] = _thinning(job, off, n_rep[idx], prep.f["dp"])
+            if base_run:
+                base_prep.f["thin"] = prep.f["thin"]
             if base_run:
                 sat_base = self._saturation(base_prep)
                 lam_rep = np.where(np.isnan(off), sat_rep * n_rep[idx] * BATCH_LOAD, off) / n_rep[idx]
@@ -615,6 +619,27 @@ class Surrogate(CapacityMixin, ClosedLoopMixin):
         )
 
 # ---- module helpers ------------------------------------------------------------------------------------------
+def _thinning(job: Job, offered: np.ndarray, n_rep: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """How many engines share the job's arrival stream, as one engine sees it: ``λ_job / λ_engine``.
+
+    The gateway spreads a job's requests over every serving engine in a smooth weighted
+    round-robin (vLLM's router and most gateways do the same; so does koi.sim): an engine
+    taking a fraction p of the stream gets every (1/p)-th request, so a gamma renewal of CV
+    ``ca`` reaches it as one of CV ``ca·√p`` (the sum of 1/p gaps) — bursts are shared out.
+    ``offered`` is the rate offered to the rank (a ladder's share, or the whole job); NaN for a
+    batch job run saturated, whose arrivals are not a stream (1: no thinning). A what-if rate
+    above the job's own gives 1 too, as does a job without a rate. Choice: the thinning is
+    held at the planned load when the capacity search varies the rate (the routing does not
+    change with a hypothetical load)."""
+    rate = float(job.workload.arrival.rate_rps or 0.0)
+    if rate <= 0.0:
+        return np.ones(len(offered))
+    per_engine = offered / np.maximum(n_rep * dp, 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = rate / per_engine
+    return np.where(np.isfinite(m), np.clip(m, 1.0, 4096.0), 1.0)
+
+
 def clear_caches() -> None:
     """Empty the surrogate's process caches (physics, tables, prepared rows, scopes, prices)."""
     from koi.surrogate import physics

@@ -37,8 +37,19 @@ The model (a careful reading of how vLLM/SGLang schedule, in closed form):
 4. **TTFT** = admission wait + the prompt-budget wait (G/G/1 by Kingman, with the
    arrival CV and the prompt-length CV) + the residual of the iteration in flight +
    the prompt's service ``S = ceil(isl/chunk) · T + isl · c_pf``; its tail adds the
-   prompts co-scheduled in the same iterations (Poisson(λ·T) of them per iteration, each
-   ``isl · c_pf`` longer for everyone in it).
+   prompts co-scheduled in the same iterations: the p99 count q of the arrival stream within
+   the prefill seen from an arrival (:func:`renewal_count_q99`; Poisson(λ·S) for Poisson
+   arrivals, clustered for bursty ones), each costing ``δ = isl · c_pf`` plus, where the
+   prompt budget binds, the ``isl/chunk`` iterations it adds. The cluster's own work widens
+   the window others join it in: q is recounted once over ``S + q·δ``. Choice: one step, not
+   the fixed point — the first generation of joiners delays the request; later ones mostly
+   arrive behind it. On ``koi surrogate eval --part arrivals`` (240 deployments: constant,
+   Poisson, gamma CV 1.5/2/3 on 1, 2, 4 replicas) the median |log(predicted/observed)| of
+   p99 TTFT is 0.11 with one step (0.24 with none, 0.19 with two, 0.27 with three), against
+   0.38 with Poisson counts and no thinning (chosen there); on the held-out Poisson grid of
+   ``--part sim`` the median p99 TTFT error before learning fell from 34.5% to 18.6%.
+   The arrival CV is the one an engine sees: the caller thins the job's (``ca·√p`` for an
+   engine taking a share p of a round-robin gateway, :func:`koi.surrogate.core._thinning`).
 5. **Tails.** Each wait has an atom at 0 and an exponential tail
    (``P(W > t) = P_w · exp(−t · P_w / E[W])``); the p99 of a sum of independent
    terms is the sum of means plus the root-sum-square of the terms' p99 excesses.
@@ -65,6 +76,8 @@ Z99 = 2.3263478740408408
 OVERLOAD_HORIZON_S = 300.0
 #: ρ at which the heavy-traffic formulas are evaluated when the replica is overloaded.
 RHO_CLIP = 0.995
+#: Refinements of the co-scheduled prompts' window (module docstring, 4.).
+CO_FIXED_POINT_STEPS = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,14 +144,50 @@ def interp_rows_many(b_grid: np.ndarray, tables: tuple[np.ndarray, ...], b: np.n
     return [t[r, j] * w1 + t[r, j1] * w for t in tables]
 
 
-def _poisson_q99(m: np.ndarray) -> np.ndarray:
-    """99th percentile of Poisson(m) (0 while P(X ≥ 1) < 1%)."""
-    from scipy.special import pdtrik
+#: Gamma shape above which a renewal stream is treated as clockwork (CV ≤ 0.01).
+_K_MAX = 1e4
 
-    m = np.asarray(m, dtype=float)
-    # pdtrik(p, m) inverts the Poisson CDF continuously; the quantile is its ceiling
-    q = np.ceil(np.where(m > 0, pdtrik(0.99, np.maximum(m, 1e-12)), 0.0) - 1e-9)
-    return np.where(m < -np.log(0.99), 0.0, np.maximum(q, 0.0))
+
+def renewal_count_q99(m: np.ndarray, ca: np.ndarray) -> np.ndarray:
+    """99th percentile of the arrivals within a window of ``m`` mean arrivals after an arrival.
+
+    A gamma renewal stream (shape ``K = 1/ca²``, the simulator's and a common model of bursty
+    traffic) seen from one of its own arrivals (Palm): the n-th next arrival comes after a sum
+    of n gamma gaps, so ``P(N ≥ n) = P(Γ(nK, 1) ≤ m·K)`` — the regularized ``gammainc(nK, mK)``.
+    ``ca = 1`` is the Poisson tail exactly; ``ca → 0`` tends to ``floor(m)`` (clockwork); a
+    bursty stream (``ca > 1``) clusters, and its p99 grows far beyond Poisson(m)'s. The quantile
+    is the smallest n with ``P(N ≥ n + 1) ≤ 1%``, found by integer bisection (vectorised;
+    ``gammainc`` is decreasing in its first argument), plus a fraction that makes it continuous
+    in m (the integer quantile where it steps, less than one above it between)."""
+    from scipy.special import gammainc
+
+    m = np.maximum(np.asarray(m, dtype=float), 0.0)
+    k = np.minimum(1.0 / np.maximum(np.asarray(ca, dtype=float), 1e-9) ** 2, _K_MAX)
+    m, k = np.broadcast_arrays(m, k)
+    x = m * k
+
+    def tail(n: np.ndarray) -> np.ndarray:  # P(N ≥ n), n ≥ 1
+        return gammainc(np.maximum(n, 1.0) * k, x)
+
+    hi = np.maximum(np.ceil(2.0 * m), 1.0)
+    for _ in range(40):  # grow hi until P(N ≥ hi + 1) ≤ 1%
+        grow = (tail(hi + 1.0) > 0.01) & (hi < 1e6)
+        if not grow.any():
+            break
+        hi = np.where(grow, 2.0 * hi, hi)
+    lo = np.full_like(hi, -1.0)  # invariant: P(N ≥ lo + 1) > 1% (lo = −1: P(N ≥ 0) = 1)
+    while np.any(open_ := hi - lo > 1.0):
+        mid = np.floor(0.5 * (lo + hi))
+        ok = tail(mid + 1.0) <= 0.01
+        hi, lo = np.where(open_ & ok, mid, hi), np.where(open_ & ~ok, mid, lo)
+    # continuous: the planner's bisections and the residual learner's speed inversion need latency
+    # to move smoothly with load and speed. The next count's tail P(N ≥ n + 1) ramps q from n to
+    # n + 1 as m grows between the points where the quantile steps: from r·1% (r the ratio of the
+    # next tail to this one, where P(N ≥ n) is 1%) to 1% (where the quantile steps to n + 1).
+    t1 = tail(hi + 1.0)
+    r = np.clip(t1 / np.maximum(np.where(hi >= 1.0, tail(hi), 1.0), 1e-300), 0.0, 0.999)
+    frac = np.clip((t1 / 0.01 - r) / (1.0 - r), 0.0, 1.0)
+    return np.where(m > 0, hi + frac, 0.0)
 
 
 def _exp_tail_q99(mean_wait: np.ndarray, p_wait: np.ndarray) -> np.ndarray:
@@ -298,9 +347,18 @@ def solve(inp: LoadInputs) -> LoadResult:
     ex_s = np.maximum(s_p99 - s_mean, 0.0)
     ex_over = w_over_p99 - w_over_mean
     # prompts co-scheduled in the same iterations (arrived during the one in flight) lengthen them:
-    # their count is Poisson(λ·T) per iteration, each adding isl·c_pf (its spread from the length CV)
-    co = lam_s * t_iter * n_chunks
-    ex_co = np.maximum(_poisson_q99(co) - co, 0.0) * np.sqrt(1.0 + inp.isl_cv**2) * pf_time
+    # their count is that of the arrival stream within the prefill (Poisson(λ·T) for Poisson
+    # arrivals, clustered for bursty ones), each adding isl·c_pf (its spread from the length CV)
+    # A co-scheduled prompt costs its tokens' compute and, where the prompt budget binds, the
+    # iterations it adds (each carrying the decode batch). A cluster's own work lengthens the
+    # window other arrivals join it in: the count is taken over T₀ + q·δ, to a fixed point.
+    delta = pf_time + np.where(inp.chunked, inp.isl / chunk * t_dec_b, 0.0)
+    win0 = t_iter * n_chunks
+    q_co = renewal_count_q99(lam_s * win0, inp.ca)
+    for _ in range(CO_FIXED_POINT_STEPS):
+        q_co = renewal_count_q99(lam_s * (win0 + q_co * delta), inp.ca)
+    co = lam_s * win0
+    ex_co = np.maximum(q_co - co, 0.0) * np.sqrt(1.0 + inp.isl_cv**2) * delta
     ttft_p99 = ttft_mean + np.sqrt(
         np.maximum(ex_slot, 0) ** 2 + np.maximum(ex_pf, 0) ** 2 + ex_s**2 + ex_over**2 + (0.49 * t_iter * busy) ** 2
         + ex_co**2
