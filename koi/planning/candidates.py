@@ -111,14 +111,12 @@ class _Proto:
     cold_s: float
 
 
-def _signature(js: JobState, with_rate: bool = True) -> str:
-    """Identity of what a per-replica prediction depends on. Without the rate it keys the estimate
-    cache: a replica's capacity under the p99 targets is a property of the chain, the request shape and
-    the targets, not of how much load the job offers (that only sets the replica count)."""
+def _signature(js: JobState) -> str:
+    """Identity of what a per-replica prediction depends on; it keys the estimate cache too. The rate
+    belongs to it: a replica's capacity under the p99 targets depends on how many replicas share the
+    job's bursts (koi.surrogate.capacity_mixin), not only on the chain, the request shape and targets."""
     j = js.job
     w = j.workload.model_dump(mode="json")
-    if not with_rate:
-        w["arrival"] = {k: v for k, v in w["arrival"].items() if k != "rate_rps"}
     return stable_hash({"m": j.model, "w": w, "c": j.job_class.value, "t": [j.slo.p99_ttft_ms, j.slo.p99_tpot_ms]})
 
 
@@ -288,7 +286,7 @@ class CandidateGenerator:
         chains = [r.chain for r in ladder.ranks]
         ests: list[ChainEstimate | None] = [None] * len(chains)
         if not self.ctx.predictor.env_sensitive:  # a chain the enumeration already estimated for this job shape
-            sig = _signature(js, with_rate=False)
+            sig = _signature(js)
             for i, c in enumerate(chains):
                 ests[i] = self._chain_est.get((sig, c.env.gpu_type, c.env.cloud, c.config))
         missing = [i for i, e in enumerate(ests) if e is None]
@@ -354,7 +352,7 @@ class CandidateGenerator:
         current = self.current_specs(js, model) if js.status is JobStatus.ACTIVE else None
         max_gpus = slice_.max_gpus if slice_ is not None else self.snapshot.resources.total_gpus
         sig = _signature(js)
-        est_sig = _signature(js, with_rate=False)
+        est_sig = sig
         tick_s = ctx.switch.tick_s
         kind = OptionKind.SWAP if current else OptionKind.PLACE
 

@@ -11,6 +11,12 @@ are the public API on it.
 Kept apart from :mod:`koi.surrogate.core` so the search lives in one module; the core's
 ``predict_many`` and ``predict_ladder`` call it through ``self``.
 
+The arrivals an engine sees depend on how many engines share the job's stream (a round-robin
+gateway thins a bursty stream, :func:`koi.surrogate.core._thinning`), so a replica's capacity is
+found at the thinning its own rate implies: at λ per replica the job's rate Λ needs Λ/λ replicas,
+each engine seeing the job's CV times √(λ/(Λ·dp)). A bursty job's capacity per replica thus grows
+with its rate (more replicas share its bursts out), as in the simulator and behind a real gateway.
+
 The mixin holds no state of its own: it reads the surrogate's ``residuals``, ``utilization_cap``
 and ``unseen_tpot_margin`` and calls the core's solve helpers (``_physics``, ``_prepare``,
 ``_run``, ``_speeds``, ``_saturation``, ``_factor_columns``) through ``self``.
@@ -80,8 +86,13 @@ class CapacityMixin:
         # an unseen chain's TPOT is sized to the margin: its factor is divided by it (module docstring)
         f_tpot = f_tpot / self._tpot_margins(scopes)
 
+        rate = float(job.workload.arrival.rate_rps or 0.0)
+
         def slack(sub: _Prep, lam: np.ndarray, fi: np.ndarray, fp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             """log of the worse of (p99 TTFT / target, p99 TPOT / target): ≤ 0 where both hold."""
+            if rate > 0.0:  # the gateway's thinning at the replica count this rate implies (module docstring)
+                sub = _Prep(sub.d, sub.rows, {**sub.f, "thin": np.clip(rate * sub.f["dp"] / np.maximum(lam, 1e-12),
+                                                                       1.0, 4096.0)}, sub.flags, sub.index)  # fmt: skip
             r, _ = self._run(sub, lam, mediators=False)
             a = (r.ttft_p99 + sub.f["request_s"]) * 1e3 * fi / tt_t
             b = r.tpot_p99 * 1e3 * fp / tp_t

@@ -261,8 +261,9 @@ class Surrogate(CapacityMixin, ClosedLoopMixin):
             osl=ones * d.osl,
             osl_p05=ones * d.osl_p05,
             osl_cv=ones * d.osl_cv,
+            ca=ones * d.ca,
             # the gateway thins the job's stream over its engines (f["thin"], see predict_many)
-            ca=d.ca / np.sqrt(f["thin"]) if "thin" in f else ones * d.ca,
+            ca_engine=d.ca / np.sqrt(f["thin"]) if "thin" in f else None,
             b_grid=B_GRID,
             t_dec=rows["t_dec"],
             c_pf=rows["cpf"],

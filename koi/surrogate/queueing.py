@@ -48,8 +48,14 @@ The model (a careful reading of how vLLM/SGLang schedule, in closed form):
    p99 TTFT is 0.11 with one step (0.24 with none, 0.19 with two, 0.27 with three), against
    0.38 with Poisson counts and no thinning (chosen there); on the held-out Poisson grid of
    ``--part sim`` the median p99 TTFT error before learning fell from 34.5% to 18.6%.
-   The arrival CV is the one an engine sees: the caller thins the job's (``ca·√p`` for an
-   engine taking a share p of a round-robin gateway, :func:`koi.surrogate.core._thinning`).
+   The waits and the cluster read the arrival CV one engine sees (``ca_engine``: the caller
+   thins the job's to ``ca·√p`` for an engine taking a share p of a round-robin gateway,
+   :func:`koi.surrogate.core._thinning`). Choice: the decoding population (1.) and the TPOT
+   tail (5.) keep the job's CV. Thinned there too, the arrival grid's p99 TPOT at 4 replicas
+   became exact (Poisson 1.10 → 1.01) but the planner, sizing on it, under-provisioned the
+   decode-heavy jobs (hetero-3h seeds 0–2: Koi 87.64 against 88.81; agent-235b's TPOT
+   attainment 94.7% → 86.6%): the burst factor left there is a margin the planner's TPOT
+   sizing was tuned with (koi.surrogate.capacity_mixin), not a finding about the physics.
 5. **Tails.** Each wait has an atom at 0 and an exponential tail
    (``P(W > t) = P_w · exp(−t · P_w / E[W])``); the p99 of a sum of independent
    terms is the sum of means plus the root-sum-square of the terms' p99 excesses.
@@ -100,6 +106,7 @@ class LoadInputs:
     budget: np.ndarray  # token budget of one iteration (max_num_batched_tokens)
     chunked: np.ndarray  # bool: chunked prefill enabled
     rows: np.ndarray | None = None  # table row of each entry (tiled entries share tables); default i
+    ca_engine: np.ndarray | None = None  # CV one engine sees behind the gateway (the TTFT terms); default ca
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,10 +339,11 @@ def solve(inp: LoadInputs) -> LoadResult:
     p_slot = np.where(saturated, 1.0, p_cap)
     s_budget = np.where(inp.chunked, inp.isl / chunk * t_iter, s_mean)
     rho_pf = np.clip(lam_s * s_budget, 0.0, RHO_CLIP)
-    w_pf = kingman_wait(rho_pf, inp.ca, inp.isl_cv, s_budget)
+    ca_e = inp.ca if inp.ca_engine is None else inp.ca_engine
+    w_pf = kingman_wait(rho_pf, ca_e, inp.isl_cv, s_budget)
     over = np.maximum(lam / lam_sat - 1.0, 0.0)
     # at saturation the admission queue of one horizon; just below it the heavy-traffic wait
-    w_sat = np.where(saturated, kingman_wait(np.full(n, RHO_CLIP), inp.ca, inp.osl_cv, 1.0 / lam_sat), 0.0)
+    w_sat = np.where(saturated, kingman_wait(np.full(n, RHO_CLIP), ca_e, inp.osl_cv, 1.0 / lam_sat), 0.0)
     w_over_mean = 0.5 * over * OVERLOAD_HORIZON_S + w_sat
     w_over_p99 = 0.99 * over * OVERLOAD_HORIZON_S + w_sat * math.log(100.0)
     busy = 1.0 - np.where(saturated, 0.0, p0)  # P(engine busy) = P(N > 0)
@@ -354,9 +362,9 @@ def solve(inp: LoadInputs) -> LoadResult:
     # window other arrivals join it in: the count is taken over T₀ + q·δ, to a fixed point.
     delta = pf_time + np.where(inp.chunked, inp.isl / chunk * t_dec_b, 0.0)
     win0 = t_iter * n_chunks
-    q_co = renewal_count_q99(lam_s * win0, inp.ca)
+    q_co = renewal_count_q99(lam_s * win0, ca_e)
     for _ in range(CO_FIXED_POINT_STEPS):
-        q_co = renewal_count_q99(lam_s * (win0 + q_co * delta), inp.ca)
+        q_co = renewal_count_q99(lam_s * (win0 + q_co * delta), ca_e)
     co = lam_s * win0
     ex_co = np.maximum(q_co - co, 0.0) * np.sqrt(1.0 + inp.isl_cv**2) * delta
     ttft_p99 = ttft_mean + np.sqrt(
