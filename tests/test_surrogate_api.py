@@ -358,3 +358,20 @@ def test_a_bursty_jobs_capacity_per_replica_grows_with_the_replicas_its_rate_nee
                     for x in (_gamma(2.0, 1.0), _gamma(2.0, 40.0)))  # fmt: skip
     assert cap(large) > 2.0 * cap(small) > 0.0
     assert cap(clockwork(40.0)) == pytest.approx(cap(clockwork(1.0)), rel=1e-9)
+
+
+def test_cli_renders_the_arrival_grid(monkeypatch):
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+    from koi.surrogate import arrival_eval
+
+    rows = [{"arrival": "gamma-3", "replicas": 4, "pred_ttft_ms": 90.0, "obs_ttft_ms": 100.0, "pred_tpot_ms": 30.0,
+             "obs_tpot_ms": 25.0}]  # fmt: skip
+    out = {"deployments": 1, "window_s": [0, 1], "overall": arrival_eval.overall(rows),
+           "cells": arrival_eval.summarise(rows), "rows": rows, "seconds": 0.0}  # fmt: skip
+    monkeypatch.setattr(arrival_eval, "arrival_eval", lambda **_: out)
+    r = CliRunner().invoke(app, ["surrogate", "eval", "--part", "arrivals"])
+    assert r.exit_code == 0, r.output
+    assert "gamma-3" in r.output and "0.90 [0.90, 0.90]" in r.output and "1.20 [1.20, 1.20]" in r.output
+    assert "0.105" in r.output  # |log 0.9|, the TTFT figure of the title
