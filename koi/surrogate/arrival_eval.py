@@ -25,7 +25,7 @@ from koi import catalog
 from koi.domain import Chain, ChainConfig, Environment, Job, Rank
 from koi.logging import get_logger
 from koi.surrogate.core import Surrogate
-from koi.surrogate.evaluate import GRID_SHAPES, Progress, _observe
+from koi.surrogate.evaluate import GRID_SHAPES, Progress, _observe, deploy_and_run, probe_job
 
 log = get_logger(__name__)
 
@@ -49,18 +49,8 @@ WORKLOADS = {"short": (500, 50), "chat": (1024, 256)}
 def _job(i: int, model: str, wl: str, arrival: str, rate: float) -> Job:
     isl, osl = WORKLOADS[wl]
     proc, cv = ARRIVALS[arrival]
-    return Job(
-        job_id=f"a{i:03d}",
-        model=model,
-        job_class="online",
-        slo={"p99_ttft_ms": 60_000.0, "p99_tpot_ms": 2_000.0},
-        workload={
-            "kind": wl,
-            "input_len": {"kind": "lognormal", "mean": isl, "std": isl * 0.4, "min": 16, "max": isl * 3},
-            "output_len": {"kind": "lognormal", "mean": osl, "std": osl * 0.4, "min": 4, "max": osl * 3},
-            "arrival": {"process": proc, "rate_rps": rate, **({"cv": cv} if proc == "gamma" else {})},
-        },
-    )
+    return probe_job(f"a{i:03d}", model, wl, isl, osl,
+                     {"process": proc, "rate_rps": rate, **({"cv": cv} if proc == "gamma" else {})}, spread=0.4)
 
 
 def build_grid() -> list[tuple[Job, Rank, str]]:
@@ -106,24 +96,10 @@ def run_grid(*, seed: int = 0, warm_s: float = 300.0, measure_s: float = 900.0,
 
     grid = build_grid()
     world = World(_scenario(grid, warm_s + measure_s), seed=seed)
-    base = Surrogate()
-    launched = []
-    for i, (job, rank, arrival) in enumerate(grid):
-        world.submit(job)
-        res = world.launch(job, rank, f"agrid-{i}")
-        if res.status.value != "launched":
-            log.warning("arrival_grid_launch_failed", job=job.job_id, reason=res.reason)
-            continue
-        launched.append((job, rank, arrival, res, base.predict_rank(job, rank)))
-        if progress:
-            progress("predict+launch", i + 1, len(grid))
-    steps = 20
-    for k in range(1, steps + 1):
-        world.advance((warm_s + measure_s) * k / steps)
-        if progress:
-            progress("simulate", k, steps)
+    launched = deploy_and_run(world, [(j, r) for j, r, _ in grid], "agrid", warm_s + measure_s, progress)
     rows = []
-    for job, rank, arrival, res, p in launched:
+    for i, job, rank, res, p in launched:
+        arrival = grid[i][2]
         _, oy, _ = _observe(world, job, res.rank_id, warm_s, warm_s + measure_s)
         if "p99_ttft_ms" not in oy or "p99_tpot_ms" not in oy:
             continue

@@ -136,20 +136,27 @@ GRID_HIDDEN: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-def _grid_job(i: int, model: str, wl: str, rate: float) -> Job:
-    isl, osl = GRID_WORKLOADS[wl]
+def probe_job(job_id: str, model: str, kind: str, isl: float, osl: float, arrival: dict[str, Any],
+              spread: float = 0.3) -> Job:  # fmt: skip
+    """An online job of a benchmark grid: lognormal lengths (CV ``spread``, clipped at 3× the mean) and
+    SLO targets loose enough never to bind (the grids measure latency, they do not size against it)."""
     return Job(
-        job_id=f"g{i:03d}",
+        job_id=job_id,
         model=model,
         job_class="online",
         slo={"p99_ttft_ms": 60_000.0, "p99_tpot_ms": 2_000.0},
         workload={
-            "kind": wl,
-            "input_len": {"kind": "lognormal", "mean": isl, "std": isl * 0.3, "min": 16, "max": isl * 3},
-            "output_len": {"kind": "lognormal", "mean": osl, "std": osl * 0.3, "min": 4, "max": osl * 3},
-            "arrival": {"process": "poisson", "rate_rps": rate},
+            "kind": kind,
+            "input_len": {"kind": "lognormal", "mean": isl, "std": isl * spread, "min": 16, "max": isl * 3},
+            "output_len": {"kind": "lognormal", "mean": osl, "std": osl * spread, "min": 4, "max": osl * 3},
+            "arrival": arrival,
         },
     )
+
+
+def _grid_job(i: int, model: str, wl: str, rate: float) -> Job:
+    isl, osl = GRID_WORKLOADS[wl]
+    return probe_job(f"g{i:03d}", model, wl, isl, osl, {"process": "poisson", "rate_rps": rate})
 
 
 def build_grid(n: int = 216, seed: int = 0) -> list[tuple[Job, Rank]]:
@@ -241,6 +248,30 @@ def _observe(world, job: Job, rank_id: str, t0: float, t1: float) -> tuple[dict[
     return obs_v, obs_y, n
 
 
+def deploy_and_run(world, grid: list[tuple[Job, Rank]], key: str, until_s: float,  # noqa: ANN001 - a koi.sim World
+                   progress: Progress = None) -> list[tuple[int, Job, Rank, Any, Any]]:  # fmt: skip
+    """Submit and launch every (job, rank) of a grid in ``world``, predict each with the default
+    surrogate, then run the world to ``until_s`` in 20 steps; (index, job, rank, launch result,
+    prediction) of those that launched."""
+    base = Surrogate()
+    launched = []
+    for i, (job, rank) in enumerate(grid):
+        world.submit(job)
+        res = world.launch(job, rank, f"{key}-{i}")
+        if res.status.value != "launched":
+            log.warning("grid_launch_failed", grid=key, job=job.job_id, reason=res.reason)
+            continue
+        launched.append((i, job, rank, res, base.predict_rank(job, rank)))
+        if progress:
+            progress("predict+launch", i + 1, len(grid))
+    steps = 20
+    for k in range(1, steps + 1):
+        world.advance(until_s * k / steps)
+        if progress:
+            progress("simulate", k, steps)
+    return launched
+
+
 def run_grid(*, n_configs: int = 216, seed: int = 0, warm_s: float = 420.0, measure_s: float = 600.0,
              progress: Progress = None) -> list[dict[str, Any]]:  # fmt: skip
     """Deploy the grid in one simulated world; per deployment: job, rank, base prediction, observations."""
@@ -249,25 +280,10 @@ def run_grid(*, n_configs: int = 216, seed: int = 0, warm_s: float = 420.0, meas
     grid = build_grid(n_configs, seed)
     scen = _grid_scenario(grid, warm_s + measure_s)
     world = World(scen, seed=seed)
-    base = Surrogate()
-    launched = []
-    for i, (job, rank) in enumerate(grid):
-        world.submit(job)
-        res = world.launch(job, rank, f"grid-{i}")
-        if res.status.value != "launched":
-            log.warning("grid_launch_failed", job=job.job_id, reason=res.reason)
-            continue
-        launched.append((job, rank, res, base.predict_rank(job, rank)))
-        if progress:
-            progress("predict+launch", i + 1, len(grid))
-    steps = 20
-    for k in range(1, steps + 1):
-        world.advance((warm_s + measure_s) * k / steps)
-        if progress:
-            progress("simulate", k, steps)
+    launched = deploy_and_run(world, grid, "grid", warm_s + measure_s, progress)
     t0, t1 = warm_s, warm_s + measure_s
     rows = []
-    for job, rank, res, p in launched:
+    for _, job, rank, res, p in launched:
         ov, oy, n = _observe(world, job, res.rank_id, t0, t1)
         if "p99_ttft_ms" not in oy or "p99_tpot_ms" not in oy:
             continue
