@@ -39,8 +39,8 @@ The model (a careful reading of how vLLM/SGLang schedule, in closed form):
    the prompt's service ``S = ceil(isl/chunk) · T + isl · c_pf``; its tail adds the
    prompts co-scheduled in the same iterations: the p99 count q of the arrival stream within
    the prefill seen from an arrival (:func:`renewal_count_q99`; Poisson(λ·S) for Poisson
-   arrivals, clustered for bursty ones), each costing ``δ = isl · c_pf`` plus, where the
-   prompt budget binds, the ``isl/chunk`` iterations it adds. The cluster's own work widens
+   arrivals, clustered for bursty ones), each costing ``δ = isl · c_pf`` plus its share
+   ``isl/chunk`` of the iterations the cluster needs (each carrying the decode batch). The cluster's own work widens
    the window others join it in: q is recounted once over ``S + q·δ``. Choice: one step, not
    the fixed point — the first generation of joiners delays the request; later ones mostly
    arrive behind it. On ``koi surrogate eval --part arrivals`` (240 deployments: constant,
@@ -356,10 +356,10 @@ def solve(inp: LoadInputs) -> LoadResult:
     ex_over = w_over_p99 - w_over_mean
     # prompts co-scheduled in the same iterations (arrived during the one in flight) lengthen them:
     # their count is that of the arrival stream within the prefill (Poisson(λ·T) for Poisson
-    # arrivals, clustered for bursty ones), each adding isl·c_pf (its spread from the length CV)
-    # A co-scheduled prompt costs its tokens' compute and, where the prompt budget binds, the
-    # iterations it adds (each carrying the decode batch). A cluster's own work lengthens the
-    # window other arrivals join it in: the count is taken over T₀ + q·δ, to a fixed point.
+    # arrivals, clustered for bursty ones), each costing δ (its spread from the length CV): its
+    # tokens' compute plus its share of the iterations (isl/chunk of one, each carrying the decode
+    # batch). A cluster's own work lengthens the window others join it in: the count is retaken
+    # over T₀ + q·δ, CO_FIXED_POINT_STEPS times (module docstring, 4.).
     delta = pf_time + np.where(inp.chunked, inp.isl / chunk * t_dec_b, 0.0)
     win0 = t_iter * n_chunks
     q_co = renewal_count_q99(lam_s * win0, ca_e)
