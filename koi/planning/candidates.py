@@ -352,7 +352,6 @@ class CandidateGenerator:
         current = self.current_specs(js, model) if js.status is JobStatus.ACTIVE else None
         max_gpus = slice_.max_gpus if slice_ is not None else self.snapshot.resources.total_gpus
         sig = _signature(js)
-        est_sig = sig
         tick_s = ctx.switch.tick_s
         kind = OptionKind.SWAP if current else OptionKind.PLACE
 
@@ -360,7 +359,7 @@ class CandidateGenerator:
         classes = self._classes(slice_)
         protos: list[_Proto] = []
         n_chains = 0
-        per_class = self._estimates(js, est_sig, classes, max_gpus, model)
+        per_class = self._estimates(js, sig, classes, max_gpus, model)
         for ci, (_ckey, pools) in enumerate(classes):
             ests = per_class[ci]
             n_chains += len(ests)

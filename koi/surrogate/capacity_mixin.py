@@ -12,7 +12,7 @@ Kept apart from :mod:`koi.surrogate.core` so the search lives in one module; the
 ``predict_many`` and ``predict_ladder`` call it through ``self``.
 
 The arrivals an engine sees depend on how many engines share the job's stream (a round-robin
-gateway thins a bursty stream, :func:`koi.surrogate.core._thinning`), so a replica's capacity is
+gateway thins a bursty stream, :func:`koi.surrogate.prep.engines_sharing`), so a replica's capacity is
 found at the thinning its own rate implies: at λ per replica the job's rate Λ needs Λ/λ replicas,
 each engine seeing the job's CV times √(λ/(Λ·dp)). A bursty job's capacity per replica thus grows
 with its rate (more replicas share its bursts out), as in the simulator and behind a real gateway.
@@ -49,7 +49,7 @@ from koi.domain.job import Job
 from koi.surrogate.bisect import tree_bisect
 from koi.surrogate.outputs import Capacity, SurrogateError
 from koi.surrogate.physics import WorkloadDigest
-from koi.surrogate.prep import _NEAREST_SKIP, _Prep, _scope
+from koi.surrogate.prep import _NEAREST_SKIP, _Prep, _scope, engines_sharing
 from koi.surrogate.scope import Scope
 
 #: Halvings of log(rate) in the capacity search (≈ 0.7% precision over the 10³ range searched).
@@ -90,9 +90,9 @@ class CapacityMixin:
 
         def slack(sub: _Prep, lam: np.ndarray, fi: np.ndarray, fp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             """log of the worse of (p99 TTFT / target, p99 TPOT / target): ≤ 0 where both hold."""
-            if rate > 0.0:  # the gateway's thinning at the replica count this rate implies (module docstring)
-                sub = _Prep(sub.d, sub.rows, {**sub.f, "thin": np.clip(rate * sub.f["dp"] / np.maximum(lam, 1e-12),
-                                                                       1.0, 4096.0)}, sub.flags, sub.index)  # fmt: skip
+            # the gateway's thinning at the replica count this rate implies (module docstring)
+            thin = engines_sharing(rate, lam / sub.f["dp"])
+            sub = _Prep(sub.d, sub.rows, {**sub.f, "thin": thin}, sub.flags, sub.index)
             r, _ = self._run(sub, lam, mediators=False)
             a = (r.ttft_p99 + sub.f["request_s"]) * 1e3 * fi / tt_t
             b = r.tpot_p99 * 1e3 * fp / tp_t

@@ -64,7 +64,16 @@ from koi.surrogate.closed_loop_mixin import ClosedLoopMixin
 from koi.surrogate.ladder_mix import _combine_ladder
 from koi.surrogate.outputs import _ALL_NAMES, BatchPrediction, SurrogateError
 from koi.surrogate.physics import B_GRID, ChainPhysics, WorkloadDigest, chain_physics
-from koi.surrogate.prep import _NEAREST_SKIP, _ROW_KEYS, _SCALAR_KEYS, _Prep, _prep_row, _scope, _scope_cached
+from koi.surrogate.prep import (
+    _NEAREST_SKIP,
+    _ROW_KEYS,
+    _SCALAR_KEYS,
+    _Prep,
+    _prep_row,
+    _scope,
+    _scope_cached,
+    engines_sharing,
+)
 from koi.surrogate.pricing import _cached_price, _rank_prices
 from koi.surrogate.profiles import ProfileBook
 from koi.surrogate.residual import ResidualModel
@@ -445,7 +454,6 @@ class Surrogate(CapacityMixin, ClosedLoopMixin):
             prep.f["thin"] = _thinning(job, off, n_rep[idx], prep.f["dp"])
             if base_run:
                 base_prep.f["thin"] = prep.f["thin"]
-            if base_run:
                 sat_base = self._saturation(base_prep)
                 lam_rep = np.where(np.isnan(off), sat_rep * n_rep[idx] * BATCH_LOAD, off) / n_rep[idx]
                 res_b, x_b = self._run(base_prep, np.where(np.isnan(off), sat_base * BATCH_LOAD, lam_rep))
@@ -621,24 +629,10 @@ class Surrogate(CapacityMixin, ClosedLoopMixin):
 
 # ---- module helpers ------------------------------------------------------------------------------------------
 def _thinning(job: Job, offered: np.ndarray, n_rep: np.ndarray, dp: np.ndarray) -> np.ndarray:
-    """How many engines share the job's arrival stream, as one engine sees it: ``λ_job / λ_engine``.
-
-    The gateway spreads a job's requests over every serving engine in a smooth weighted
-    round-robin (vLLM's router and most gateways do the same; so does koi.sim): an engine
-    taking a fraction p of the stream gets every (1/p)-th request, so a gamma renewal of CV
-    ``ca`` reaches it as one of CV ``ca·√p`` (the sum of 1/p gaps) — bursts are shared out.
-    ``offered`` is the rate offered to the rank (a ladder's share, or the whole job); NaN for a
-    batch job run saturated, whose arrivals are not a stream (1: no thinning). A what-if rate
-    above the job's own gives 1 too, as does a job without a rate. Choice: the thinning is
-    held at the planned load when the capacity search varies the rate (the routing does not
-    change with a hypothetical load)."""
-    rate = float(job.workload.arrival.rate_rps or 0.0)
-    if rate <= 0.0:
-        return np.ones(len(offered))
-    per_engine = offered / np.maximum(n_rep * dp, 1.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        m = rate / per_engine
-    return np.where(np.isfinite(m), np.clip(m, 1.0, 4096.0), 1.0)
+    """Engines sharing the job's stream (:func:`koi.surrogate.prep.engines_sharing`) for a rank offered
+    ``offered`` req/s (a ladder's share, or the whole job; NaN: a batch job run saturated) over
+    ``n_rep`` replicas of ``dp`` engines each."""
+    return engines_sharing(float(job.workload.arrival.rate_rps or 0.0), offered / np.maximum(n_rep * dp, 1.0))
 
 
 def clear_caches() -> None:

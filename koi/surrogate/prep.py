@@ -76,6 +76,27 @@ def _prep_row(p: ChainPhysics, hit: float, isl_eff: float, isl99_eff: float, osl
     return mat, sc
 
 
+#: Engines a stream is spread over, at most (beyond it the thinned CV is ~0 anyway).
+MAX_THINNING = 4096.0
+
+
+def engines_sharing(job_rps: float, per_engine_rps: np.ndarray) -> np.ndarray:
+    """How many engines share a job's arrival stream, as one engine sees it: ``λ_job / λ_engine``.
+
+    The gateway spreads a job's requests over every serving engine in a smooth weighted
+    round-robin (vLLM's router and most gateways do the same; so does koi.sim): an engine
+    taking a fraction p of the stream gets every (1/p)-th request, so a gamma renewal of CV
+    ``ca`` reaches it as one of CV ``ca·√p`` (the sum of 1/p gaps) — bursts are shared out.
+    1 (no thinning) for a job without a rate, a what-if rate above the job's own, or a NaN rate
+    (a batch job run saturated: its arrivals are not a stream)."""
+    per_engine = np.asarray(per_engine_rps, dtype=float)
+    if job_rps <= 0.0:
+        return np.ones(per_engine.shape)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = job_rps / per_engine
+    return np.where(np.isfinite(m), np.clip(m, 1.0, MAX_THINNING), 1.0)
+
+
 @dataclass
 class _Prep:
     """Prepared per-candidate arrays (see :meth:`Surrogate._prepare`). ``rows`` hold one table row
