@@ -148,3 +148,37 @@ def test_the_doubt_admits_at_most_the_evidence_cap() -> None:
     no_prior = ExplorationModel(edge_beliefs={}, mechanisms=[MechanismView("M", KV, *learned, lambda f: True)],
                                 doubt_evidence=0.0)
     assert no_prior.d_mech[0] == pytest.approx(full.d_mech[0])
+
+
+def test_a_chain_the_job_runs_is_judged_on_its_evidence_not_its_stories() -> None:
+    """The running ladder and its own rescales are not moved by causal doubt (koi.planning.causal_risk,
+    choice 5): their chains are observed, so their band is the one the slow loop calibrates on running
+    ladders; a doubted story moved a scale-in's risk (and the keep's) and with it the swap decisions."""
+    from koi.domain.chain import Ladder, Rank
+    from koi.planning.candidates import CandidateGenerator
+    from koi.planning.synthetic import with_running
+
+    snap = snapshot([online_job("o", "llama-3.1-8b", 20.0, 1500, 12), online_job("q", "llama-3.1-8b", 5.0, 1500, 12)],
+                    [pool("aws", "p4de.24xlarge", "us-east-1", total=8),
+                     pool("aws", "p5.48xlarge", "us-east-1", total=4)])
+    p4de, p5 = snap.resources.pools
+    ex = _exploration(CONTRADICTED, scope=lambda f: f.get("gpu_type") == p4de.env.gpu_type)
+    off = generate(snap, _ctx(ex, causal_risk=0.0))
+    on_p4de = next(c for c in off["o"].candidates if c.ranks[0].pool_id == p4de.pool_id).ranks[0]
+    on_p5 = next(c for c in off["q"].candidates if c.ranks[0].pool_id == p5.pool_id).ranks[0]
+    running = with_running(snap, {  # o on the doubted GPU, q elsewhere: o's stories are doubted more than the fleet's
+        "o": Ladder(ranks=[Rank(env=on_p4de.env, config=on_p4de.config, n_replicas=2)]),
+        "q": Ladder(ranks=[Rank(env=on_p5.env, config=on_p5.config, n_replicas=1)]),
+    })
+    ctx = _ctx(ex)
+    on = generate(running, ctx)["o"]
+    plain = {c.cand_id: (c.p_brk, c.sigma) for c in generate(running, _ctx(ex, causal_risk=0.0))["o"].candidates}
+    centre = CandidateGenerator(running, ctx).doubt_centre()
+    rescales = [c for c in on.candidates if all(r.key == on_p4de.key for r in c.ranks)]
+    near = [c for c in rescales if 0.0 < c.p_brk < 1.0]
+    assert near, "a rescale of the running chain whose band straddles its target"
+    for c in rescales:
+        assert ex.doubt(c.activation, centre) > 0  # the stories would have widened it
+        assert (c.p_brk, c.sigma) == pytest.approx(plain[c.cand_id])
+    assert ex.doubt(on.keep.activation, centre) > 0
+    assert on.keep.p_brk == pytest.approx(generate(running, _ctx(ex, causal_risk=0.0))["o"].keep.p_brk)

@@ -559,14 +559,12 @@ class CandidateGenerator:
             c.activation = self.activation(js, c.ranks, model, sig)
             c.eig = ctx.exploration.eig(c.activation)
             c.mechanism_id = ctx.exploration.best_mechanism(c.activation)
+        # untried ladders only: the running chains are judged on their evidence (causal_risk, choice 5)
+        running_chains = {r.key for r in current} if current else set()
         if all_p_hi is not None and len(all_p_hi) == F + H:
             for c, i in zip(kept, kept_idx, strict=True):
-                self._causal_risk(c, float(all_p_hi[i]))
-        if keep_c is not None and keep_eval is not None and keep_eval.p_brk_hi is not None and keep_c.ranks:
-            p_model = self._widened(float(keep_eval.p_brk[0]), float(keep_eval.p_brk_hi[0]), keep_c.activation)
-            kp = self._keep_risk(js, p_model)
-            keep_c.sigma -= knobs.gamma * (kp - keep_c.p_brk)
-            keep_c.p_brk = kp
+                if not all(r.key in running_chains for r in c.ranks):
+                    self._causal_risk(c, float(all_p_hi[i]))
         for c in [*kept, *(x for x in (keep_c, defer_c) if x is not None)]:
             c.cand_id = f"{job.job_id}#{c.kind.value}:{ladder_key(c.ranks) if c.ranks else '-'}"
 

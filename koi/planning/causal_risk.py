@@ -30,10 +30,17 @@ Choices:
    radius ε (``c3_ok``; the validator and the selector's reservation rule read that flag): C3 is the
    spec's chance constraint under *prediction* uncertainty, and gating on a belief-moved radius would
    defer jobs whose only ladders rest on doubted stories.
-3. It is applied after C3 and dominance pruning, to the candidates kept and to the running ladder
-   (:mod:`koi.planning.candidates`), so pruning sees the plain σ.
+3. It is applied after C3 and dominance pruning, to the candidates kept (:mod:`koi.planning.candidates`),
+   so pruning sees the plain σ.
 4. It only moves p_brk where a prediction is near its target (where ε·Lip·σ̂ ≠ 0), so most ladders
    are untouched.
+5. It moves untried ladders only. The running ladder (the keep) and a candidate every rank of which
+   runs a chain the job already runs (its scale-outs and scale-ins) are judged at ε: their chains are
+   observed — the residual learner has fitted them and their own windows set the keep's risk — and ε
+   is calibrated on exactly those ladders' coverage. Doubt is about how an untried deployment will
+   behave; widening an observed chain by its stories made a running ladder on doubted stories look
+   riskier than an untried one on trusted stories, and Koi swapped away from what it had measured
+   (hetero-3h seeds 0–5: 89.03 → 89.11, the no-DAG ablation 89.13; ``benchmarks/results/hetero-3h``).
 
 κ is discussed in :class:`koi.scoring.params.PlanningKnobs`. Without an exploration model (no
 mechanisms: ``koi-nodag``) or with κ = 0 nothing changes: the second radius is not even computed.
