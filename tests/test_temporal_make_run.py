@@ -33,8 +33,11 @@ def test_make_run_on_a_fresh_machine_prints_the_summary(tmp_path):
     })
     env.pop("KOI_DATABASE_URL", None)
     venv = Path(sys.executable).parent.parent
+    # --assume-old: the venv running this test is installed; a checkout newer than its stamp (a second
+    # worktree sharing the venv) must not re-point the venv's editable install at itself
     out = subprocess.run(
-        ["make", "--no-print-directory", "run", f"VENV={venv}", "ARGS=--ticks 2 --json"],
+        ["make", "--no-print-directory", f"--assume-old={venv}/.installed", "run", f"VENV={venv}",
+         "ARGS=--ticks 2 --json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
     assert out.returncode == 0, out.stderr[-3000:]
