@@ -40,7 +40,9 @@ Choices:
    is calibrated on exactly those ladders' coverage. Doubt is about how an untried deployment will
    behave; widening an observed chain by its stories made a running ladder on doubted stories look
    riskier than an untried one on trusted stories, and Koi swapped away from what it had measured
-   (hetero-3h seeds 0–5: 89.03 → 89.11, the no-DAG ablation 89.13; ``benchmarks/results/hetero-3h``).
+   (hetero-3h seeds 0–5: 89.03 → 89.10, the no-DAG ablation 89.13, the frozen one 88.72; the frozen
+   ablation, which has the exploration model but no observed risk, lost most of its lead with it:
+   ``benchmarks/results/hetero-3h/README.md``, top section).
 
 κ is discussed in :class:`koi.scoring.params.PlanningKnobs`. Without an exploration model (no
 mechanisms: ``koi-nodag``) or with κ = 0 nothing changes: the second radius is not even computed.
