@@ -608,13 +608,11 @@ class CandidateGenerator:
     def _causal_risk(self, c: Candidate, p_hi: float) -> None:
         """Move a candidate's DRO radius by its causal doubt (:mod:`koi.planning.causal_risk`), and σ's risk
         term with it (C3 unchanged)."""
-        p = self._widened(c.p_brk, p_hi, c.activation)
+        kappa = self.ctx.knobs.causal_risk
+        x = self.ctx.exploration.doubt(c.activation, self.doubt_centre()) if kappa > 0 else 0.0
+        p = widened(c.p_brk, p_hi, x, kappa)
         c.sigma -= self.ctx.knobs.gamma * (p - c.p_brk)
         c.p_brk = p
-
-    def _widened(self, p0: float, p_hi: float, act: Activation) -> float:
-        kappa = self.ctx.knobs.causal_risk
-        return widened(p0, p_hi, self.ctx.exploration.doubt(act, self.doubt_centre()) if kappa > 0 else 0.0, kappa)
 
     def _prune_idx(self, idx: np.ndarray, rows_pid: list[str], F: int, hetero: list[tuple[RankSpec, ...]],
                    inst: np.ndarray, sigma: np.ndarray) -> list[int]:
