@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from koi.planning.candidates import Candidate, OptionKind
+from koi.planning.greedy import solve_greedy
 from koi.planning.selector import (
     Option,
     SelectionProblem,
     evaluate,
     select,
-    solve_greedy,
     solve_milp,
     violations,
 )
@@ -132,14 +132,15 @@ def test_ejection_move_frees_a_blocked_pool() -> None:
          opt("b", OptionKind.PLACE, -0.2, {"a": 1})]
     o = [opt("o", OptionKind.DEFER, -10.0, {}), opt("o", OptionKind.PLACE, -0.3, {"h": 1})]
     problem = SelectionProblem(["b", "o"], [b, o], {"h": 1, "a": 1}, {}, 10, 0.0, np.zeros(0), np.zeros(0), 1.0)
-    from koi.planning.selector import _ejections, _State
+    from koi.planning.greedy import _ejections, _State
 
     st = _State(problem, [1, 0])  # the batch job holds the H100, the online job is deferred
     assert _ejections(st, t0=0.0, time_limit=1e9)
     assert st.pick == [2, 1]
 
 
-def _churn_problem(swap_edges: frozenset[int], swap_sigma: float = -0.2, slack: float = 0.05):
+def _churn_problem(swap_edges: frozenset[int], swap_sigma: float = -0.2, slack: float = 0.05,
+                   budget: float | None = 0.05):
     """One running job: keep its ladder (testing edges 0 and 1) or swap to an equally good one."""
     from types import SimpleNamespace
 
@@ -163,7 +164,8 @@ def _churn_problem(swap_edges: frozenset[int], swap_sigma: float = -0.2, slack: 
     snap = ClusterSnapshot(cluster_id="c", tick=1, now=300.0, jobs=[jc.state])
     book = SimpleNamespace(envelopes={}, priority_table=["chat"])
     exploration = SimpleNamespace(u_edge=np.ones(3), u_mech=np.zeros(0), omega_m=1.0)
-    return build_problem(snap, {"chat": jc}, book, PlanningKnobs(beta=0.5, explore_slack=slack), exploration)
+    return build_problem(snap, {"chat": jc}, book, PlanningKnobs(beta=0.5, explore_slack=slack, explore_budget=budget),
+                         exploration)
 
 
 def test_a_kept_ladder_keeps_exploring_so_a_swap_earns_only_new_edges() -> None:
@@ -183,9 +185,42 @@ def test_exploration_never_buys_a_clearly_worse_ladder() -> None:
     far = _churn_problem(frozenset({0, 1, 2}), swap_sigma=-0.5)
     assert far.options[0][1].edges == () and far.options[0][0].edges == (0, 1)
     assert select(far).choice["chat"].kind is OptionKind.KEEP
-    assert select(_churn_problem(frozenset({0, 1, 2}), swap_sigma=-0.5, slack=1.0)).choice["chat"].kind is OptionKind.SWAP
+    loose = _churn_problem(frozenset({0, 1, 2}), swap_sigma=-0.5, slack=1.0, budget=None)
+    assert select(loose).choice["chat"].kind is OptionKind.SWAP
     near = _churn_problem(frozenset({0, 1, 2}), swap_sigma=-0.23)
     assert select(near).choice["chat"].kind is OptionKind.SWAP
+
+
+def _externality_problem(budget: float | None) -> SelectionProblem:
+    """Job A's swap is within the slack of keeping and reaches a new edge, but it needs the pool job B
+    runs on, and B's only way off it is a ladder 0.2 worse than keeping."""
+    a_keep = Option(_cand("A", OptionKind.KEEP, -0.1), value=-0.1, usage={}, quota={}, is_swap=False, edges=(0,),
+                    mechs=())  # fmt: skip
+    a_swap = Option(_cand("A", OptionKind.SWAP, -0.11), value=-0.11, usage={"h": 1}, quota={}, is_swap=True,
+                    edges=(0, 1), mechs=())  # fmt: skip
+    b_keep = Option(_cand("B", OptionKind.KEEP, -0.1), value=-0.1, usage={}, quota={}, is_swap=False, edges=(0,),
+                    mechs=())  # fmt: skip
+    b_swap = Option(_cand("B", OptionKind.SWAP, -0.3), value=-0.3, usage={"h": -1, "a": 1}, quota={}, is_swap=True,
+                    edges=(), mechs=())  # fmt: skip
+    return SelectionProblem(job_ids=["A", "B"], options=[[a_keep, a_swap], [b_keep, b_swap]],
+                            pool_free={"h": 0, "a": 1}, quota_limit={}, swap_budget=2, beta=0.5, u_edge=np.ones(2),
+                            u_mech=np.zeros(0), omega_m=1.0, explore_budget=budget)  # fmt: skip
+
+
+@pytest.mark.parametrize("use_milp", [True, False])
+def test_exploration_never_costs_the_plan_more_than_its_budget(use_milp: bool) -> None:
+    """Safe exploration at the plan level: A's exploring swap is near its own best, but it forces B onto a
+    ladder 0.2 worse. The per-job slack cannot see that cost (it lands on another job); the plan budget
+    does — the plan keeps both, while without a budget β·U = 0.5 for the new edge buys the 0.21 loss."""
+    if use_milp:  # (the greedy's ejections do not find the two-job move the unbounded plan makes)
+        free = select(_externality_problem(None))
+        assert free.choice["A"].kind is OptionKind.SWAP and free.choice["B"].kind is OptionKind.SWAP
+    safe = select(_externality_problem(0.05), use_milp=use_milp)
+    assert safe.choice["A"].kind is OptionKind.KEEP and safe.choice["B"].kind is OptionKind.KEEP
+    assert safe.expl == pytest.approx(1.0)  # the kept ladders still count their edge
+    roomy = _externality_problem(0.05)
+    roomy.pool_free["h"] = 1  # with room, A explores at a cost (0.01) inside the budget
+    assert select(roomy, use_milp=use_milp).choice["A"].kind is OptionKind.SWAP
 
 
 def _make_room_problem(reserve: bool) -> SelectionProblem:

@@ -57,6 +57,7 @@ from koi.planning.capacity import size_online
 from koi.planning.context import EnumerationParams, PlanningContext
 from koi.planning.demand import batch_curve
 from koi.planning.diagnostics import Constraint, Diagnostic
+from koi.planning.greedy import solve_greedy
 from koi.planning.ladder_eval import evaluate_ladders
 from koi.planning.predictor import AnalyticPredictor, ChainEstimate, FixedPredictor, FixedRow, Predictor
 from koi.planning.proposer import Proposal, complete_plan, keep_all, predictions_for_plan, propose
@@ -65,7 +66,6 @@ from koi.planning.selector import (
     SelectionResult,
     build_problem,
     select,
-    solve_greedy,
     solve_milp,
 )
 from koi.planning.validate import (

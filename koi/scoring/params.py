@@ -27,6 +27,10 @@ Cold-start defaults (before the slow loop has written a state):
   was reasoned per edge, but EIG sums a ladder's edges and mechanisms, so one fresh regime
   weighs 0.05 × (1–10); Δ restores the intent — exploration breaks near-ties, never buys a
   clearly worse ladder — whatever the size of the graph.
+- explore_budget = 0.05: the same bound for the whole plan — of the plans within 0.05 of the best
+  plan without Expl (Σ v), the selector takes the one that teaches most; the per-job slack alone let
+  an exploring option push another job onto a worse ladder through shared capacity
+  (:mod:`koi.planning.selector`, "Safe exploration"). None: no plan-level bound.
 - causal_risk κ = 3: a ladder's DRO radius is ε·(1 + κ·x), x ∈ [−1/κ, 1] the excess doubt of
   the mechanisms it exercises over the average story (:mod:`koi.planning.causal_risk`; overview
   §2, uncertain relationships "increase estimated risk"). On hetero-3h the
@@ -103,6 +107,8 @@ class PlanningKnobs(KoiModel):
                                  description="value share of a pending job's ladder that reserving capacity earns")
     explore_slack: float = Field(default=0.05, ge=0,
                                  description="options more than this below a job's best value earn no exploration")
+    explore_budget: float | None = Field(default=0.05, ge=0,
+                                         description="Σ v a plan may give up for exploration (None: no plan-level bound)")
     causal_risk: float = Field(default=3.0, ge=0,
                                description="κ, DRO-radius change per unit of a ladder's excess causal doubt")
     doubt_evidence: float | None = Field(default=0.0, ge=0,

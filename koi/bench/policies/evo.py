@@ -50,8 +50,9 @@ from koi.bench.policies._common import (
 )
 from koi.bench.policy import BenchContext, Family, PolicySpec, register
 from koi.domain import Plan
+from koi.planning.greedy import problem_scale
 from koi.planning.proposer import action_for
-from koi.planning.selector import SelectionProblem, build_problem, problem_scale
+from koi.planning.selector import SelectionProblem, build_problem
 from koi.planning.split import ladder_key
 
 DEFAULTS: dict[str, Any] = {
