@@ -220,7 +220,9 @@ def test_exploration_never_costs_the_plan_more_than_its_budget(use_milp: bool) -
     assert safe.expl == pytest.approx(1.0)  # the kept ladders still count their edge
     roomy = _externality_problem(0.05)
     roomy.pool_free["h"] = 1  # with room, A explores at a cost (0.01) inside the budget
-    assert select(roomy, use_milp=use_milp).choice["A"].kind is OptionKind.SWAP
+    explored = select(roomy, use_milp=use_milp)
+    assert explored.choice["A"].kind is OptionKind.SWAP and explored.choice["B"].kind is OptionKind.KEEP
+    assert explored.explore_cost == pytest.approx(0.01) and safe.explore_cost == 0.0
 
 
 def _make_room_problem(reserve: bool) -> SelectionProblem:

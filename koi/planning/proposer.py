@@ -265,7 +265,7 @@ def propose(
         f" active, {sum(1 for j in snapshot.jobs if j.status is JobStatus.PENDING)} pending) → "
         + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         + f"; {sel.solver} {sel.status} (gap {gap}); Φ={sel.phi:.4f}, "
-        f"objective={sel.objective:.4f}, Expl={sel.expl:.3f}"
+        f"objective={sel.objective:.4f}, Expl={sel.expl:.3f} (cost {sel.explore_cost:.4f})"
     )
     plan = complete_plan(
         Plan(tick=snapshot.tick, cluster_id=snapshot.cluster_id, actions=actions, tick_rationale=rationale,

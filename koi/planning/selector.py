@@ -154,6 +154,8 @@ class SelectionResult:
     greedy_objective: float | None = None
     #: which wall-clock limit cut the search ("" when none did): such a plan depends on the machine's speed
     clock_bound: str = ""
+    #: Σ v given up for Expl against the best plan without it (0 without a plan-level exploration bound)
+    explore_cost: float = 0.0
 
     def summary(self) -> dict[str, object]:
         return {
@@ -162,6 +164,7 @@ class SelectionResult:
             "expl": self.expl, "bound": self.bound, "gap": self.gap, "seconds": self.seconds,
             "n_vars": self.n_vars, "n_constraints": self.n_constraints,
             "milp_objective": self.milp_objective, "greedy_objective": self.greedy_objective,
+            "explore_cost": self.explore_cost,
         }
 
 
@@ -477,8 +480,9 @@ def select(
     if _exploits(problem, pick) < floor - 1e-9 or evaluate(problem, pick)[0] < evaluate(problem, pick_x)[0]:
         # the greedy (no floor row) overspent, or the second solve did worse than the first: keep the first
         obj, phi, expl = evaluate(problem, pick_x)
-        sel = replace(exploit, objective=obj, phi=phi, expl=expl)
-    return replace(sel, seconds=time.perf_counter() - t0)
+        sel, pick = replace(exploit, objective=obj, phi=phi, expl=expl), pick_x
+    cost = max(_exploits(problem, pick_x) - _exploits(problem, pick), 0.0)
+    return replace(sel, seconds=time.perf_counter() - t0, explore_cost=cost)
 
 
 def _select_once(
