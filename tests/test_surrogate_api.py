@@ -339,6 +339,13 @@ def test_the_arrival_grid_summarises_ratios_per_cell():
     assert o["tpot_abs_log_ratio_median"] == pytest.approx(np.log(2.0), abs=1e-3)
     grid = arrival_eval.build_grid()
     assert {a for _, _, a in grid} == set(arrival_eval.ARRIVALS) and {r.n_replicas for _, r, _ in grid} == {1, 2, 4}
+    # the large grid: the benchmark's big shapes, every deployment feasible, one cell's rate per replica the same
+    large = arrival_eval.build_grid(arrival_eval.LARGE)
+    assert len(large) == 72 and {(r.config.tp, r.env.gpu_type) for _, r, _ in large} == {(8, "H200"), (4, "H100")}
+    assert {r.n_replicas for _, r, _ in large} == {1, 4, 8} and {j.workload.output_len.mean for j, _, _ in large} >= {1200}
+    per = {(j.model, j.workload.kind, a, r.n_replicas): j.workload.arrival.rate_rps / r.n_replicas for j, r, a in large}
+    assert per[("qwen3-235b-a22b", "agentic", "poisson", 8)] == pytest.approx(
+        per[("qwen3-235b-a22b", "agentic", "poisson", 1)], rel=1e-3)
 
 
 def test_a_bursty_jobs_capacity_per_replica_grows_with_the_replicas_its_rate_needs(s):
@@ -368,10 +375,16 @@ def test_cli_renders_the_arrival_grid(monkeypatch):
 
     rows = [{"arrival": "gamma-3", "replicas": 4, "pred_ttft_ms": 90.0, "obs_ttft_ms": 100.0, "pred_tpot_ms": 30.0,
              "obs_tpot_ms": 25.0}]  # fmt: skip
-    out = {"deployments": 1, "window_s": [0, 1], "overall": arrival_eval.overall(rows),
-           "cells": arrival_eval.summarise(rows), "rows": rows, "seconds": 0.0}  # fmt: skip
-    monkeypatch.setattr(arrival_eval, "arrival_eval", lambda **_: out)
-    r = CliRunner().invoke(app, ["surrogate", "eval", "--part", "arrivals"])
+    grids: list[str] = []
+
+    def fake(*, grid: str = "arrivals", **_: object) -> dict:
+        grids.append(grid)
+        return {"grid": grid, "deployments": 1, "window_s": [0, 1], "overall": arrival_eval.overall(rows),
+                "cells": arrival_eval.summarise(rows), "rows": rows, "seconds": 0.0}  # fmt: skip
+
+    monkeypatch.setattr(arrival_eval, "arrival_eval", fake)
+    r = CliRunner().invoke(app, ["surrogate", "eval", "--part", "arrivals", "--part", "arrivals-large"])
     assert r.exit_code == 0, r.output
+    assert grids == ["arrivals", "arrivals-large"] and "arrivals-large: 1 deployments" in r.output
     assert "gamma-3" in r.output and "0.90 [0.90, 0.90]" in r.output and "1.20 [1.20, 1.20]" in r.output
     assert "0.105" in r.output  # |log 0.9|, the TTFT figure of the title

@@ -43,7 +43,7 @@ def _fmt_err(d: dict[str, Any]) -> str:
 def eval_cmd(
     json_out: bool = JSON,
     part: list[str] = typer.Option(["silicon", "sim", "a10g"], "--part",
-                                   help="silicon, sim, a10g, arrivals (repeatable)"),
+                                   help="silicon, sim, a10g, arrivals, arrivals-large (repeatable)"),
     configs: int = typer.Option(216, help="simulator grid size (≥ 200 deployments)"),
     learn: int = typer.Option(20, help="deployments the learned surrogate observes"),
     seed: int = typer.Option(0, help="grid and world seed"),
@@ -57,10 +57,11 @@ def eval_cmd(
         out["silicon"] = evaluate.silicon_eval(limit=silicon_limit, seed=seed)
     if "sim" in part:
         out["sim"] = evaluate.sim_eval(n_configs=configs, n_learn=learn, seed=seed, progress=_progress(not json_out))
-    if "arrivals" in part:
-        from koi.surrogate import arrival_eval
+    for grid in ("arrivals", "arrivals-large"):
+        if grid in part:
+            from koi.surrogate import arrival_eval
 
-        out["arrivals"] = arrival_eval.arrival_eval(seed=seed, progress=_progress(not json_out))
+            out[grid] = arrival_eval.arrival_eval(seed=seed, progress=_progress(not json_out), grid=grid)
     if "a10g" in part:
         out["a10g"] = {
             "bf16": evaluate.a10g_example(weight_dtype="bf16", gpu_mem_util=0.95),
@@ -85,13 +86,12 @@ def eval_cmd(
                  "roofline": _fmt_err(v.get("roofline", {}))} for k, v in s["errors"].items()]  # fmt: skip
         emit(rows, False, title=f"simulator grid: {s['configs']} deployments over {len(s['gpu_types'])} GPU types, "
                                 f"abs % error median / p90 on the {s['evaluated_on']} not learned from")  # fmt: skip
-    if "arrivals" in out:
-        a = out["arrivals"]
+    for a in (out[g] for g in ("arrivals", "arrivals-large") if g in out):
         rows = [{"arrival": c["arrival"], "replicas": c["replicas"], "n": c["n"],
                  "p99 TTFT pred/obs median [p10, p90]": _fmt_ratio(c, "ttft"),
                  "p99 TPOT pred/obs median [p10, p90]": _fmt_ratio(c, "tpot")} for c in a["cells"]]  # fmt: skip
         o = a["overall"]
-        emit(rows, False, title=f"arrival shapes: {a['deployments']} deployments; median |log(pred/obs)| p99 TTFT "
+        emit(rows, False, title=f"{a['grid']}: {a['deployments']} deployments; median |log(pred/obs)| p99 TTFT "
                                 f"{o['ttft_abs_log_ratio_median']}, p99 TPOT {o['tpot_abs_log_ratio_median']}")  # fmt: skip
     if "a10g" in out:
         for dt, a in out["a10g"].items():
