@@ -454,6 +454,12 @@ def _exploits(problem: SelectionProblem, pick: Sequence[int]) -> float:
     return sum(problem.options[i][k].value for i, k in enumerate(pick))
 
 
+def _pick_of(problem: SelectionProblem, sel: SelectionResult) -> list[int]:
+    """The option index per job of a selection made on ``problem`` (or on a copy sharing its options)."""
+    return [next(k for k, o in enumerate(opts) if o.cand is sel.choice[jid])
+            for jid, opts in zip(problem.job_ids, problem.options, strict=True)]
+
+
 def select(
     problem: SelectionProblem,
     *,
@@ -471,12 +477,10 @@ def select(
         return _select_once(problem, **kw)
     t0 = time.perf_counter()
     exploit = _select_once(replace(problem, beta=0.0, explore_budget=None), **kw)
-    pick_x = [next(k for k, o in enumerate(opts) if o.cand is exploit.choice[jid])
-              for jid, opts in zip(problem.job_ids, problem.options, strict=True)]
+    pick_x = _pick_of(problem, exploit)
     floor = _exploits(problem, pick_x) - problem.explore_budget
     sel = _select_once(replace(problem, value_floor=floor, explore_budget=None), **kw)
-    pick = [next(k for k, o in enumerate(opts) if o.cand is sel.choice[jid])
-            for jid, opts in zip(problem.job_ids, problem.options, strict=True)]
+    pick = _pick_of(problem, sel)
     if _exploits(problem, pick) < floor - 1e-9 or evaluate(problem, pick)[0] < evaluate(problem, pick_x)[0]:
         # the greedy (no floor row) overspent, or the second solve did worse than the first: keep the first
         obj, phi, expl = evaluate(problem, pick_x)
