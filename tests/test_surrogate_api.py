@@ -386,5 +386,8 @@ def test_cli_renders_the_arrival_grid(monkeypatch):
     r = CliRunner().invoke(app, ["surrogate", "eval", "--part", "arrivals", "--part", "arrivals-large"])
     assert r.exit_code == 0, r.output
     assert grids == ["arrivals", "arrivals-large"] and "arrivals-large: 1 deployments" in r.output
+    from koi.cli.surrogate import ARRIVAL_GRIDS
+
+    assert set(ARRIVAL_GRIDS) == set(arrival_eval.GRIDS)  # every grid is a --part
     assert "gamma-3" in r.output and "0.90 [0.90, 0.90]" in r.output and "1.20 [1.20, 1.20]" in r.output
     assert "0.105" in r.output  # |log 0.9|, the TTFT figure of the title

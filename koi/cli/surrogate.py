@@ -39,6 +39,10 @@ def _fmt_err(d: dict[str, Any]) -> str:
     return f"{d['median_pct']:.1f} / {d['p90_pct']:.1f}"
 
 
+#: The arrival grids of :mod:`koi.surrogate.arrival_eval` (its ``GRIDS``), each a ``--part``.
+ARRIVAL_GRIDS = ("arrivals", "arrivals-large")
+
+
 @app.command("eval")
 def eval_cmd(
     json_out: bool = JSON,
@@ -57,7 +61,7 @@ def eval_cmd(
         out["silicon"] = evaluate.silicon_eval(limit=silicon_limit, seed=seed)
     if "sim" in part:
         out["sim"] = evaluate.sim_eval(n_configs=configs, n_learn=learn, seed=seed, progress=_progress(not json_out))
-    for grid in ("arrivals", "arrivals-large"):
+    for grid in ARRIVAL_GRIDS:
         if grid in part:
             from koi.surrogate import arrival_eval
 
@@ -86,7 +90,7 @@ def eval_cmd(
                  "roofline": _fmt_err(v.get("roofline", {}))} for k, v in s["errors"].items()]  # fmt: skip
         emit(rows, False, title=f"simulator grid: {s['configs']} deployments over {len(s['gpu_types'])} GPU types, "
                                 f"abs % error median / p90 on the {s['evaluated_on']} not learned from")  # fmt: skip
-    for a in (out[g] for g in ("arrivals", "arrivals-large") if g in out):
+    for a in (out[g] for g in ARRIVAL_GRIDS if g in out):
         rows = [{"arrival": c["arrival"], "replicas": c["replicas"], "n": c["n"],
                  "p99 TTFT pred/obs median [p10, p90]": _fmt_ratio(c, "ttft"),
                  "p99 TPOT pred/obs median [p10, p90]": _fmt_ratio(c, "tpot")} for c in a["cells"]]  # fmt: skip

@@ -9,6 +9,10 @@ process: per (arrival process, replicas) cell, the median ratio of predicted to 
 and p99 TPOT. 1.0 is right; below 1 the surrogate is optimistic — the side that makes a planner
 pick chains that breach.
 
+Two grids (:data:`GRIDS`): ``arrivals`` (:data:`SMALL`, 240 deployments of small and mid models, every arrival
+class, 1–4 replicas) and ``arrivals-large`` (:data:`LARGE`, 72 deployments of the benchmark scenarios' big shapes:
+a 235B MoE at TP8 and a 70B model at TP4 with long, variable requests, on 1–8 replicas).
+
 A benchmark, not a test (it runs the simulator for ~17 simulated minutes over every deployment).
 """
 
