@@ -52,3 +52,14 @@ def test_sim_check_reports_errors(tmp_path):
 
     doc = _json(runner.invoke(app, ["sim", "check", str(demo_path()), "--json"]))
     assert doc["valid"] and doc["gpus"] == 40
+
+
+def test_a_scenario_that_does_not_load_is_a_clear_error_for_every_command_that_takes_one(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nduration_s: -5\n")
+    for args in (["sim", "run"], ["learn"]):
+        for path in (str(tmp_path / "missing.yaml"), str(bad)):
+            r = runner.invoke(app, [*args, path, "--json"])
+            assert r.exit_code == 2, (args, r.output)
+            assert "error:" in r.output and "Traceback" not in r.output
+            assert r.stdout.strip() == "" or not r.stdout.lstrip().startswith("{")

@@ -82,16 +82,11 @@ def learn(
     """Run the learning loop on the simulator under fixed deployments and report calibration over time."""
     from koi.calibration.learn import default_db_url, run_learn
     from koi.calibration.learn_report import LearnConfig
-    from koi.sim.scenario import ScenarioError, demo_path, load_scenario
+    from koi.cli.sim import scenario_arg
     from koi.store import init_db, make_engine
 
     _quiet_logs(log_level)
-    path = demo_path() if str(scenario) == "demo" else scenario
-    try:
-        sc = load_scenario(path)
-    except ScenarioError as exc:
-        fail(str(exc))
-        return
+    sc = scenario_arg(scenario)
     if tick_s < sc.sample_s * 8:
         fail(f"--tick-s {tick_s:g} gives fewer than 8 telemetry samples per window (sample_s = {sc.sample_s:g}): "
              "S2 would decide nothing")

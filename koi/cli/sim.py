@@ -25,6 +25,17 @@ def _progress(enabled: bool, description: str, total: float):  # noqa: ANN202 - 
     return p
 
 
+def scenario_arg(scenario: Path) -> Any:
+    """The scenario a command's argument names ('demo': the shipped one); a clear error and exit 2 if it does
+    not load."""
+    from koi.sim.scenario import ScenarioError, demo_path, load_scenario
+
+    try:
+        return load_scenario(demo_path() if str(scenario) == "demo" else scenario)
+    except ScenarioError as exc:
+        fail(str(exc))
+
+
 @app.command()
 def run(
     scenario: Path = typer.Argument(..., help="scenario YAML (see koi/sim/SCENARIO.md); 'demo' for the shipped one"),
@@ -34,14 +45,8 @@ def run(
 ) -> None:
     """Run a scenario under fixed deployments and summarise it."""
     from koi.sim.driver import run_scenario
-    from koi.sim.scenario import ScenarioError, demo_path, load_scenario
 
-    path = demo_path() if str(scenario) == "demo" else scenario
-    try:
-        sc = load_scenario(path)
-    except ScenarioError as exc:
-        fail(str(exc))
-        return
+    sc = scenario_arg(scenario)
     until = sc.duration_s if hours is None else hours * 3600.0
     prog = _progress(not json_out, f"simulating {sc.name}", until)
     if prog:
