@@ -1,0 +1,420 @@
+"""Amazon EC2 as a Koi fleet: the Executor port and the observer half a cloud can answer.
+
+A real fleet keeps its state in the cloud (``koi.pipeline.world``): nothing here lives in
+memory between calls. Every instance Koi launches carries tags that say whose it is and
+what it serves, and every read rebuilds the fleet from ``describe_instances``, so a
+worker that restarts (or another worker) sees exactly what the last one left:
+
+- ``koi:cluster``, ``koi:job``, ``koi:rank`` (the rank id), ``koi:pool`` (the koi pool id);
+- ``koi:key``: the idempotency key of the call that created the instance (a launch or a
+  scale-up), ``koi:launch-key``: the rank's launch key (``Deployment.idempotency_key``);
+- ``koi:replica``: the replica index; ``koi:replica-base`` + ``koi:nodes`` say the same from
+  the creation tags alone (index = base + AmiLaunchIndex // nodes), for a process that died
+  between ``run_instances`` and the ``create_tags`` that labels replicas;
+- ``koi:replicas`` (the rank's target replica count) with ``koi:gen`` (bumped by each scale;
+  the highest generation's target wins), ``koi:last-key`` (the last scale applied),
+  ``koi:route-weight``, ``koi:reweight-key``, ``koi:teardown-key``;
+- ``koi:rank-spec``: the rank (without ``n_replicas``/``route_weight``, which have their own
+  tags) as compact JSON. EC2 caps a tag value at 256 characters and a full rank is ~440, so
+  the JSON is split over ``koi:rank-spec``, ``koi:rank-spec:1``, ... (EC2 allows 50 tags).
+
+Idempotency is the cloud's too: a launch is DUPLICATE when an instance (in any state) already
+carries its key, and ``run_instances`` gets a ``ClientToken`` derived from the key, so a retry
+racing a lost response cannot start a second set. Repeated scale/teardown/reweight keys are
+recognised from ``koi:last-key``/``koi:teardown-key``/``koi:reweight-key``; for terminated
+instances that lasts as long as EC2 still lists them (about an hour). A FAILED launch leaves
+nothing in the cloud, so repeating its key tries again (the ledger would answer DUPLICATE).
+
+Draining is the gateway's job: it stops routing to a replica before the executor is told to
+release it. This executor terminates at once; ``drain_s`` and ``handover`` are only logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from koi.logging import get_logger
+from koi.ports import LaunchResult, LaunchStatus
+
+#: Deep Learning Base OSS Nvidia Driver GPU AMI, resolved by EC2 in whichever region it launches.
+DEFAULT_IMAGE = ("resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
+                 "base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
+
+T_CLUSTER, T_JOB, T_RANK, T_POOL = "koi:cluster", "koi:job", "koi:rank", "koi:pool"
+T_KEY, T_LAUNCH_KEY, T_LAST_KEY = "koi:key", "koi:launch-key", "koi:last-key"
+T_REPLICA, T_BASE, T_NODES = "koi:replica", "koi:replica-base", "koi:nodes"
+T_REPLICAS, T_GEN, T_SPEC = "koi:replicas", "koi:gen", "koi:rank-spec"
+T_WEIGHT, T_REWEIGHT, T_TEARDOWN = "koi:route-weight", "koi:reweight-key", "koi:teardown-key"
+
+TAG_MAX = 256
+#: States in which an instance still holds a place in its pool.
+OCCUPYING = ("pending", "running", "shutting-down", "stopping", "stopped")
+#: States in which an instance belongs to a deployment (not on its way out).
+PRESENT = ("pending", "running", "stopping", "stopped")
+UP = ("pending", "running")
+_AZ_ID = re.compile(r"^[a-z]{2,}\d+-az\d+$")  # an AZ id (use1-az1), not a name (us-east-1a)
+_NO_ZONE = {"any", "*", ""}
+
+
+def tag_value(v: str) -> str:
+    """A value safe to store and to filter on: EC2 caps tags at 256 chars and reads * and ? as wildcards."""
+    if len(v) <= TAG_MAX and "*" not in v and "?" not in v:
+        return v
+    return "sha256:" + hashlib.sha256(v.encode()).hexdigest()
+
+
+def client_token(cluster_id: str, key: str, part: str = "") -> str:
+    """EC2's own idempotency token (≤ 64 ASCII characters) for one run_instances call."""
+    return hashlib.sha256(f"{cluster_id}\n{key}\n{part}".encode()).hexdigest()
+
+
+def spec_tags(rank: Rank) -> dict[str, str]:
+    s = json.dumps(rank.model_dump(mode="json", exclude={"n_replicas", "route_weight"}, exclude_none=True),
+                   separators=(",", ":"), sort_keys=True)
+    return {T_SPEC if i == 0 else f"{T_SPEC}:{i}": s[o:o + TAG_MAX] for i, o in enumerate(range(0, len(s), TAG_MAX))}
+
+
+def rank_from_tags(tags: Mapping[str, str]) -> Rank:
+    parts, i = [], 0
+    while (k := T_SPEC if i == 0 else f"{T_SPEC}:{i}") in tags:
+        parts.append(tags[k])
+        i += 1
+    d = json.loads("".join(parts))
+    d["n_replicas"] = int(tags[T_REPLICAS])
+    if T_WEIGHT in tags:
+        d["route_weight"] = float(tags[T_WEIGHT])
+    return Rank.model_validate(d)
+
+
+def rank_state(alive: int, ready: int, target: int) -> DeploymentState:
+    """DEGRADED below target (a replica lost or broken), else SERVING once every replica runs."""
+    if alive < target:
+        return DeploymentState.DEGRADED
+    return DeploymentState.SERVING if ready >= alive else DeploymentState.LAUNCHING
+
+
+def _tags(inst: Mapping[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+
+
+def _state(inst: Mapping[str, Any]) -> str:
+    return inst["State"]["Name"]
+
+
+def _replica(inst: Mapping[str, Any], tags: Mapping[str, str]) -> int:
+    if T_REPLICA in tags:
+        return int(tags[T_REPLICA])
+    return int(tags[T_BASE]) + int(inst.get("AmiLaunchIndex", 0)) // int(tags[T_NODES])
+
+
+class _Rank:
+    """One rank as EC2 lists it: its present instances grouped by replica."""
+
+    def __init__(self, insts: list[dict[str, Any]]) -> None:
+        self.insts = insts
+        self.head = _tags(max(insts, key=lambda i: int(_tags(i).get(T_GEN, "0"))))
+        self.nodes = int(self.head[T_NODES])
+        self.replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for i in insts:
+            self.replicas[_replica(i, _tags(i))].append(i)
+
+    def alive(self) -> list[int]:
+        return sorted(r for r, xs in self.replicas.items() if sum(_state(i) in UP for i in xs) >= self.nodes)
+
+    def ready(self) -> list[int]:
+        return [r for r in self.alive() if all(_state(i) == "running" for i in self.replicas[r])]
+
+    def broken(self) -> list[int]:
+        return sorted(set(self.replicas) - set(self.alive()))
+
+
+class Ec2Fleet:
+    """Executor + Observer over EC2 for one Koi cluster; ``pools`` bound what it may use.
+
+    ``telemetry`` is empty: EC2 knows instances, not requests; engine metrics come from the
+    vLLM observer (``infra.vllm_metrics``). ``run_args`` are passed to every ``run_instances``
+    (SubnetId, SecurityGroupIds, IamInstanceProfile, UserData that starts the engine, ...).
+    """
+
+    def __init__(self, cluster_id: str, pools: ResourceMap, *, client_factory: Callable[[str], Any] | None = None,
+                 image_id: str = DEFAULT_IMAGE, clock: Callable[[], float] = time.time,
+                 run_args: Mapping[str, Any] | None = None) -> None:
+        self.cluster_id = cluster_id
+        self.pools = pools
+        self.image_id = image_id
+        self.run_args = dict(run_args or {})
+        self._clock = clock
+        self._factory = client_factory or _default_client
+        self._clients: dict[str, Any] = {}
+        self._zones: dict[tuple[str, str], str] = {}
+        self._log = get_logger(__name__, cluster=cluster_id)
+
+    # ---- Observer -------------------------------------------------------------------------------
+    def now(self) -> float:
+        return float(self._clock())
+
+    def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
+        return []
+
+    def capacity(self) -> ResourceMap:
+        used = Counter(_tags(i).get(T_POOL) for i in self._describe_all({}, OCCUPYING))
+        return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used[p.pool_id])})
+                                  for p in self.pools.pools])
+
+    def deployments(self) -> list[Deployment]:
+        by_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for i in self._describe_all({}, PRESENT):
+            if T_RANK in (t := _tags(i)):
+                by_rank[t[T_RANK]].append(i)
+        out = []
+        for _rid, insts in sorted(by_rank.items()):
+            r = _Rank(insts)
+            rank = rank_from_tags(r.head)
+            out.append(Deployment(job_id=r.head[T_JOB], rank=rank,
+                                  state=rank_state(len(r.alive()), len(r.ready()), rank.n_replicas),
+                                  replicas_ready=len(r.ready()), idempotency_key=r.head.get(T_LAUNCH_KEY, "")))
+        return out
+
+    # ---- Executor -------------------------------------------------------------------------------
+    def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
+        rid, key = rank.rank_id(job.job_id), idempotency_key
+        log = self._log.bind(job=job.job_id, rank=rid, key=key)
+
+        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
+            return LaunchResult(job_id=job.job_id, rank_id=rid, idempotency_key=key, status=status,
+                                replicas_requested=rank.n_replicas, replicas_launched=launched, reason=reason)
+
+        pool = self._pool_for(rank)
+        if pool is None:
+            reason = (f"no pool of cluster {self.cluster_id} for env {rank.env.env_id} "
+                      f"and instance type {rank.config.instance_type}")
+            log.warning("aws.launch.failed", reason=reason)
+            return result(LaunchStatus.FAILED, reason=reason)
+        region = pool.env.region
+        if region in _NO_ZONE:
+            return result(LaunchStatus.FAILED, reason=f"pool {pool.pool_id} names no region to launch in")
+        try:
+            prior = self._describe(region, {T_KEY: tag_value(key)}, None)
+            if prior:
+                done = {_replica(i, _tags(i)) for i in prior}
+                return result(LaunchStatus.DUPLICATE, len(done), "already applied")
+            if self._describe(region, {T_RANK: rid}, PRESENT):
+                return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
+            nodes = self._nodes(rank, pool)
+            need, free = nodes * rank.n_replicas, self._free(pool)
+            if free < need:
+                reason = (f"pool {pool.pool_id}: {rank.n_replicas} replica(s) need {need} instance(s), "
+                          f"{free} of {pool.total_instances} free")
+                log.warning("aws.launch.failed", reason=reason)
+                return result(LaunchStatus.FAILED, reason=reason)
+            self._run(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
+                      target=rank.n_replicas, gen=1, weight=rank.route_weight)
+        except ClientError as e:
+            reason = _aws_reason(e)
+            log.warning("aws.launch.failed", reason=reason)
+            return result(LaunchStatus.FAILED, reason=reason)
+        log.info("aws.launch", pool=pool.pool_id, replicas=rank.n_replicas, instances=need)
+        return result(LaunchStatus.LAUNCHED, rank.n_replicas)
+
+    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
+              drain_s: float | None = None) -> LaunchResult:
+        """Remove the highest-index replicas (and remnants of broken ones) or launch missing ones."""
+        key, tv = idempotency_key, tag_value(idempotency_key)
+        log = self._log.bind(job=job_id, rank=rank_id, key=key)
+
+        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
+            return LaunchResult(job_id=job_id, rank_id=rank_id, idempotency_key=key, status=status,
+                                replicas_requested=n_replicas, replicas_launched=launched, reason=reason)
+
+        try:
+            seen = self._describe_all({T_RANK: rank_id}, None)
+            if any(tv in (t.get(T_KEY), t.get(T_LAST_KEY)) for t in map(_tags, seen)):
+                return result(LaunchStatus.DUPLICATE, reason="already applied")
+            present = [i for i in seen if _state(i) in PRESENT and _tags(i).get(T_JOB) == job_id]
+            if not present:
+                return result(LaunchStatus.FAILED, reason=f"no such rank {rank_id}")
+            if n_replicas < 1:
+                return result(LaunchStatus.FAILED, reason="a rank keeps at least one replica; teardown releases it")
+            r = _Rank(present)
+            pool = self._pool(r.head[T_POOL])
+            if pool is None:
+                return result(LaunchStatus.FAILED, reason=f"pool {r.head[T_POOL]} is not configured any more")
+            alive = r.alive()
+            drop = r.broken() + alive[n_replicas:]
+            add = max(0, n_replicas - len(alive))
+            if add:
+                need, free = add * r.nodes, self._free(pool)
+                if free < need:
+                    reason = (f"pool {pool.pool_id}: {add} more replica(s) need {need} instance(s), "
+                              f"{free} of {pool.total_instances} free")
+                    log.warning("aws.scale.failed", reason=reason)
+                    return result(LaunchStatus.FAILED, reason=reason)
+            killed = {i["InstanceId"] for x in drop for i in r.replicas[x]}
+            gen = int(r.head.get(T_GEN, "0")) + 1
+            self._terminate(pool.env.region, sorted(killed))
+            if add:
+                self._run(pool, job_id, rank_id, rank_from_tags(r.head), key=key, launch_key=r.head[T_LAUNCH_KEY],
+                          base=max(r.replicas) + 1, count=add, target=n_replicas, gen=gen,
+                          weight=float(r.head[T_WEIGHT]) if T_WEIGHT in r.head else None, last_key=tv)
+            keep = sorted(i["InstanceId"] for i in present if i["InstanceId"] not in killed)
+            self._client(pool.env.region).create_tags(Resources=keep, Tags=_tag_list(
+                {T_REPLICAS: str(n_replicas), T_GEN: str(gen), T_LAST_KEY: tv}))
+        except ClientError as e:
+            reason = _aws_reason(e)
+            log.warning("aws.scale.failed", reason=reason)
+            return result(LaunchStatus.FAILED, reason=reason)
+        log.info("aws.scale", replicas=n_replicas, added=add, removed=len(drop), drain_s=drain_s)
+        return result(LaunchStatus.LAUNCHED, n_replicas)
+
+    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
+                 handover: bool = False) -> bool:
+        """Terminate the rank's instances at once (the gateway drains); a cloud error raises, so the
+        activity retries rather than leaking paid instances."""
+        tv = tag_value(idempotency_key)
+        seen = self._describe_by_region({T_RANK: rank_id}, None)
+        if any(_tags(i).get(T_TEARDOWN) == tv for insts in seen.values() for i in insts):
+            return False
+        gone = 0
+        for region, insts in seen.items():
+            ids = [i["InstanceId"] for i in insts if _state(i) in PRESENT and _tags(i).get(T_JOB) == job_id]
+            if ids:
+                self._client(region).create_tags(Resources=ids, Tags=_tag_list({T_TEARDOWN: tv}))
+                self._terminate(region, ids)
+                gone += len(ids)
+        if gone:
+            self._log.info("aws.teardown", job=job_id, rank=rank_id, key=idempotency_key, instances=gone,
+                           drain_s=drain_s, handover=handover)
+        return gone > 0
+
+    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        tv = tag_value(idempotency_key)
+        took = False
+        for region, insts in self._describe_by_region({T_RANK: rank_id}, UP).items():
+            mine = [i for i in insts if _tags(i).get(T_JOB) == job_id]
+            if not any(_state(i) == "running" for i in mine) or any(_tags(i).get(T_REWEIGHT) == tv for i in mine):
+                continue
+            self._client(region).create_tags(Resources=[i["InstanceId"] for i in mine], Tags=_tag_list(
+                {T_WEIGHT: repr(float(route_weight)), T_REWEIGHT: tv}))
+            took = True
+        if took:
+            self._log.info("aws.reweight", job=job_id, rank=rank_id, route_weight=route_weight)
+        return took
+
+    # ---- EC2 ------------------------------------------------------------------------------------
+    def _client(self, region: str) -> Any:
+        if region not in self._clients:
+            self._clients[region] = self._factory(region)
+        return self._clients[region]
+
+    @property
+    def _regions(self) -> list[str]:
+        return sorted({p.env.region for p in self.pools.pools if p.env.region not in _NO_ZONE})
+
+    def _pool(self, pool_id: str) -> Pool | None:
+        return next((p for p in self.pools.pools if p.pool_id == pool_id), None)
+
+    def _describe(self, region: str, tags: Mapping[str, str], states: Iterable[str] | None) -> list[dict[str, Any]]:
+        filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in {T_CLUSTER: self.cluster_id, **tags}.items()]
+        if states is not None:
+            filters.append({"Name": "instance-state-name", "Values": list(states)})
+        out: list[dict[str, Any]] = []
+        for page in self._client(region).get_paginator("describe_instances").paginate(Filters=filters):
+            for res in page["Reservations"]:
+                out.extend(res["Instances"])
+        return out
+
+    def _describe_by_region(self, tags: Mapping[str, str],
+                            states: Iterable[str] | None) -> dict[str, list[dict[str, Any]]]:
+        return {region: self._describe(region, tags, states) for region in self._regions}
+
+    def _describe_all(self, tags: Mapping[str, str], states: Iterable[str] | None) -> list[dict[str, Any]]:
+        return [i for insts in self._describe_by_region(tags, states).values() for i in insts]
+
+    def _free(self, pool: Pool) -> int:
+        used = len(self._describe(pool.env.region, {T_POOL: pool.pool_id}, OCCUPYING))
+        return max(0, pool.total_instances - used)
+
+    def _terminate(self, region: str, ids: list[str]) -> None:
+        if ids:
+            self._client(region).terminate_instances(InstanceIds=ids)
+
+    def _zone(self, pool: Pool) -> str | None:
+        """The AZ name to place in; an AZ id (use1-az1) is resolved, since names differ per account."""
+        zone, region = pool.env.zone, pool.env.region
+        if zone in _NO_ZONE:
+            return None
+        if not _AZ_ID.match(zone):
+            return zone
+        if (region, zone) not in self._zones:
+            azs = self._client(region).describe_availability_zones(ZoneIds=[zone])["AvailabilityZones"]
+            self._zones[(region, zone)] = azs[0]["ZoneName"]
+        return self._zones[(region, zone)]
+
+    def _run(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
+             count: int, target: int, gen: int, weight: float | None, last_key: str | None = None) -> list[str]:
+        """One all-or-nothing run_instances for ``count`` replicas (MinCount = MaxCount), then label replicas."""
+        nodes = self._nodes(rank, pool)
+        tags = {T_CLUSTER: self.cluster_id, T_JOB: job_id, T_RANK: rid, T_POOL: pool.pool_id,
+                T_KEY: tag_value(key), T_LAUNCH_KEY: tag_value(launch_key), T_BASE: str(base), T_NODES: str(nodes),
+                T_REPLICAS: str(target), T_GEN: str(gen), "Name": f"koi/{self.cluster_id}/{rid}"[:TAG_MAX],
+                **spec_tags(rank)}
+        if weight is not None:
+            tags[T_WEIGHT] = repr(float(weight))
+        if last_key is not None:
+            tags[T_LAST_KEY] = last_key
+        args: dict[str, Any] = {
+            **self.run_args, "ImageId": self.image_id, "InstanceType": pool.instance_type,
+            "MinCount": count * nodes, "MaxCount": count * nodes, "ClientToken": client_token(self.cluster_id, key),
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": _tag_list(tags)}],
+        }
+        if (zone := self._zone(pool)) is not None:
+            args["Placement"] = {"AvailabilityZone": zone}
+        if pool.env.market is Market.SPOT:
+            args["InstanceMarketOptions"] = {"MarketType": "spot"}
+        client = self._client(pool.env.region)
+        insts = client.run_instances(**args)["Instances"]
+        replicas: dict[int, list[str]] = defaultdict(list)
+        for i in insts:
+            replicas[_replica(i, tags)].append(i["InstanceId"])
+        for r, ids in sorted(replicas.items()):
+            client.create_tags(Resources=ids, Tags=_tag_list({T_REPLICA: str(r)}))
+        return [i["InstanceId"] for i in insts]
+
+    # ---- pools ----------------------------------------------------------------------------------
+    def _pool_for(self, rank: Rank) -> Pool | None:
+        for p in self.pools.pools:
+            if p.env.env_id != rank.env.env_id:
+                continue
+            if rank.config.instance_type and p.instance_type != rank.config.instance_type:
+                continue
+            return p
+        return None
+
+    @staticmethod
+    def _nodes(rank: Rank, pool: Pool) -> int:
+        return math.ceil(rank.config.gpus / pool.gpus_per_instance)
+
+
+def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+
+def _aws_reason(e: ClientError) -> str:
+    err = e.response.get("Error", {})
+    return f"{err.get('Code', 'ClientError')}: {err.get('Message', str(e))}"
+
+
+def _default_client(region: str) -> Any:
+    import boto3
+
+    return boto3.client("ec2", region_name=region)

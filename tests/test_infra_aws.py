@@ -1,0 +1,266 @@
+"""The EC2 executor against moto's real HTTP server on loopback: tags, capacity, idempotency, restarts."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from infra.aws import T_SPEC, Ec2Fleet, client_token, rank_from_tags, rank_state, spec_tags, tag_value
+from koi.domain import ChainConfig, DeploymentState, Environment, Job, Pool, Rank, ResourceMap
+from koi.ports import Executor, LaunchStatus, Observer
+
+REGION = "us-east-1"
+IMAGE = "ami-0123456789abcdef0"
+ON_DEMAND = Environment(cloud="aws", region=REGION, zone="us-east-1a", market="on_demand", gpu_type="H100")
+SPOT = Environment(cloud="aws", region=REGION, zone="use1-az1", market="spot", gpu_type="L4")  # an AZ id
+BAD_ZONE = Environment(cloud="aws", region=REGION, zone="us-east-1z", market="on_demand", gpu_type="L4")
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client_factory(endpoint: str) -> Callable[[str], Any]:
+    def make(region: str) -> Any:
+        return boto3.client("ec2", region_name=region, endpoint_url=endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", aws_session_token="testing")
+
+    return make
+
+
+@pytest.fixture
+def cluster() -> str:
+    return f"c-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def fleet(cluster: str, client_factory) -> Ec2Fleet:
+    return Ec2Fleet(cluster, pools(), client_factory=client_factory, image_id=IMAGE, clock=lambda: 1234.5)
+
+
+def pools(p5: int = 6, g6: int = 4) -> ResourceMap:
+    return ResourceMap(pools=[
+        Pool(env=ON_DEMAND, instance_type="p5.48xlarge", gpus_per_instance=8, total_instances=p5,
+             free_instances=p5, hourly_price=55.04),
+        Pool(env=SPOT, instance_type="g6.xlarge", gpus_per_instance=1, total_instances=g6, free_instances=g6,
+             hourly_price=0.35),
+        Pool(env=BAD_ZONE, instance_type="g6.xlarge", gpus_per_instance=1, total_instances=4, free_instances=4,
+             hourly_price=0.8),
+    ])
+
+
+def job(i: int = 1) -> Job:
+    return Job.model_validate({
+        "job_id": f"job-{i}", "model": "llama-3.1-8b", "job_class": "online",
+        "workload": {"input_len": {"mean": 512, "std": 100}, "output_len": {"mean": 128, "std": 30},
+                     "arrival": {"rate_rps": 2.0}},
+        "slo": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
+    })
+
+
+def big(n: int = 1, **kw: Any) -> Rank:
+    """16 GPUs per replica on 8-GPU p5 instances: two instances per replica."""
+    return Rank(env=ON_DEMAND, config=ChainConfig(instance_type="p5.48xlarge", tp=8, pp=2), n_replicas=n, **kw)
+
+
+def small(n: int = 1, env: Environment = SPOT) -> Rank:
+    return Rank(env=env, config=ChainConfig(instance_type="g6.xlarge"), n_replicas=n)
+
+
+def instances(factory, cluster: str, live: bool = True) -> list[dict[str, Any]]:
+    filters = [{"Name": "tag:koi:cluster", "Values": [cluster]}]
+    if live:
+        filters.append({"Name": "instance-state-name", "Values": ["pending", "running"]})
+    pages = factory(REGION).get_paginator("describe_instances").paginate(Filters=filters)
+    return [i for p in pages for r in p["Reservations"] for i in r["Instances"]]
+
+
+def tags(inst: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+
+
+def free(fleet: Ec2Fleet, instance_type: str = "p5.48xlarge", env: Environment = ON_DEMAND) -> int:
+    return fleet.capacity().pool(f"{env.env_id}/{instance_type}").free_instances
+
+
+def test_the_fleet_is_an_executor_and_an_observer(fleet):
+    assert isinstance(fleet, Executor)
+    assert isinstance(fleet, Observer)
+    assert fleet.now() == 1234.5
+    assert fleet.telemetry(0.0, 60.0, cluster_id=fleet.cluster_id, tick=1) == []
+
+
+def test_launch_runs_whole_replicas_of_the_pool_shape_with_tags(fleet, cluster, client_factory):
+    rank = big(2, route_weight=3.5)
+    res = fleet.launch(job(), rank, "k-launch")
+    assert res.status is LaunchStatus.LAUNCHED and res.replicas_launched == 2
+    insts = instances(client_factory, cluster)
+    assert len(insts) == 4  # 2 replicas x ceil(16 GPUs / 8 per instance)
+    assert {i["InstanceType"] for i in insts} == {"p5.48xlarge"}
+    assert {i["Placement"]["AvailabilityZone"] for i in insts} == {"us-east-1a"}
+    assert all(i.get("InstanceLifecycle") != "spot" for i in insts)
+    assert {i["ClientToken"] for i in insts} == {client_token(cluster, "k-launch")}
+    assert all(len(i["ClientToken"]) <= 64 for i in insts)
+    t = [tags(i) for i in insts]
+    assert {x["koi:cluster"] for x in t} == {cluster}
+    assert {x["koi:job"] for x in t} == {"job-1"}
+    assert {x["koi:rank"] for x in t} == {rank.rank_id("job-1")}
+    assert {x["koi:key"] for x in t} == {"k-launch"}
+    assert Counter(x["koi:replica"] for x in t) == {"0": 2, "1": 2}
+    assert all(len(v) <= 256 for x in t for v in x.values())
+    assert rank_from_tags(t[0]) == rank  # the spec survives EC2's 256-character tag values
+    [dep] = fleet.deployments()
+    assert dep.rank == rank and dep.job_id == "job-1" and dep.idempotency_key == "k-launch"
+    assert dep.state is DeploymentState.SERVING and dep.replicas_ready == 2
+    assert free(fleet) == 6 - 4
+
+
+def test_a_spot_pool_launches_spot_in_the_zone_its_id_names(fleet, cluster, client_factory):
+    res = fleet.launch(job(), small(3), "k-spot")
+    assert res.status is LaunchStatus.LAUNCHED
+    insts = instances(client_factory, cluster)
+    assert len(insts) == 3 and {i["InstanceLifecycle"] for i in insts} == {"spot"}
+    [az] = client_factory(REGION).describe_availability_zones(ZoneIds=["use1-az1"])["AvailabilityZones"]
+    assert {i["Placement"]["AvailabilityZone"] for i in insts} == {az["ZoneName"]}
+    assert free(fleet, "g6.xlarge", SPOT) == 1
+
+
+def test_a_repeated_key_is_duplicate_and_launches_nothing(fleet, cluster, client_factory):
+    assert fleet.launch(job(), big(1), "k-once").status is LaunchStatus.LAUNCHED
+    again = fleet.launch(job(), big(1), "k-once")
+    assert again.status is LaunchStatus.DUPLICATE and again.replicas_launched == 1
+    assert len(instances(client_factory, cluster)) == 2
+    # the same rank under a new key is refused: it already runs
+    other = fleet.launch(job(), big(1), "k-other")
+    assert other.status is LaunchStatus.FAILED and "already runs" in other.reason
+    assert len(instances(client_factory, cluster)) == 2
+
+
+def test_launch_beyond_the_pool_fails_naming_it_and_launches_nothing(fleet, cluster, client_factory):
+    res = fleet.launch(job(), big(4), "k-big")  # 8 instances, the pool has 6
+    assert res.status is LaunchStatus.FAILED
+    assert f"{ON_DEMAND.env_id}/p5.48xlarge" in res.reason and "8 instance(s)" in res.reason
+    assert "6 of 6 free" in res.reason
+    stray = Rank(env=ON_DEMAND, config=ChainConfig(instance_type="p4d.24xlarge"), n_replicas=1)
+    res = fleet.launch(job(), stray, "k-stray")
+    assert res.status is LaunchStatus.FAILED and "no pool" in res.reason and "p4d.24xlarge" in res.reason
+    assert instances(client_factory, cluster, live=False) == []
+    # a FAILED launch left nothing behind, so its key may try again once capacity allows
+    assert fleet.launch(job(), big(3), "k-big").status is LaunchStatus.LAUNCHED
+
+
+def test_an_aws_error_is_a_failed_launch_with_its_code(fleet, cluster, client_factory):
+    res = fleet.launch(job(), small(1, env=BAD_ZONE), "k-zone")  # us-east-1z does not exist
+    assert res.status is LaunchStatus.FAILED and res.reason.startswith("InvalidParameterValue")
+    assert instances(client_factory, cluster, live=False) == []
+
+
+def test_scale_adds_and_removes_replicas_and_repeats_nothing(fleet, cluster, client_factory):
+    rank = big(1)
+    rid = rank.rank_id("job-1")
+    fleet.launch(job(), rank, "k-l")
+    up = fleet.scale("job-1", rid, 3, "k-up")
+    assert up.status is LaunchStatus.LAUNCHED and up.replicas_launched == 3
+    assert len(instances(client_factory, cluster)) == 6
+    [dep] = fleet.deployments()
+    assert dep.rank.n_replicas == 3 and dep.replicas_ready == 3 and dep.state is DeploymentState.SERVING
+    assert dep.idempotency_key == "k-l"
+    assert fleet.scale("job-1", rid, 3, "k-up").status is LaunchStatus.DUPLICATE
+    assert len(instances(client_factory, cluster)) == 6
+    over = fleet.scale("job-1", rid, 4, "k-over")  # 2 more instances, none free
+    assert over.status is LaunchStatus.FAILED and "0 of 6 free" in over.reason
+    down = fleet.scale("job-1", rid, 1, "k-down", drain_s=0.0)
+    assert down.status is LaunchStatus.LAUNCHED
+    left = instances(client_factory, cluster)
+    assert {tags(i)["koi:replica"] for i in left} == {"0"} and len(left) == 2  # the highest replicas went
+    assert fleet.scale("job-1", rid, 1, "k-down").status is LaunchStatus.DUPLICATE
+    [dep] = fleet.deployments()
+    assert dep.rank.n_replicas == 1 and dep.replicas_ready == 1
+    assert free(fleet) == 4
+    assert fleet.scale("job-1", "job-1/nope", 2, "k-x").status is LaunchStatus.FAILED
+
+
+def test_teardown_terminates_the_rank_and_capacity_comes_back(fleet, cluster, client_factory):
+    a, b = big(2), small(2)
+    fleet.launch(job(1), a, "k-a")
+    fleet.launch(job(2), b, "k-b")
+    assert free(fleet) == 2
+    assert fleet.teardown("job-1", a.rank_id("job-1"), "k-td", drain_s=30.0, handover=True) is True
+    assert free(fleet) == 6
+    assert [d.job_id for d in fleet.deployments()] == ["job-2"]
+    assert all(tags(i)["koi:job"] == "job-2" for i in instances(client_factory, cluster))
+    assert fleet.teardown("job-1", a.rank_id("job-1"), "k-td") is False  # repeated key
+    assert fleet.teardown("job-1", a.rank_id("job-1"), "k-td2") is False  # already gone
+    # a stale rerun of an old teardown key does not kill the rank launched again since
+    fleet.launch(job(1), a, "k-a2")
+    assert fleet.teardown("job-1", a.rank_id("job-1"), "k-td") is False
+    assert free(fleet) == 2
+
+
+def test_reweight_tags_the_running_rank(fleet, cluster, client_factory):
+    rank = small(2)
+    rid = rank.rank_id("job-1")
+    assert fleet.reweight("job-1", rid, 2.5, "k-w0") is False  # nothing runs yet
+    fleet.launch(job(), rank, "k-l")
+    assert fleet.reweight("job-1", rid, 2.5, "k-w1") is True
+    assert {tags(i)["koi:route-weight"] for i in instances(client_factory, cluster)} == {"2.5"}
+    assert fleet.deployments()[0].rank.route_weight == 2.5
+    assert fleet.reweight("job-1", rid, 9.0, "k-w1") is False  # repeated key
+    assert fleet.deployments()[0].rank.route_weight == 2.5
+    fleet.scale("job-1", rid, 3, "k-up")  # new replicas inherit the weight
+    assert {tags(i)["koi:route-weight"] for i in instances(client_factory, cluster)} == {"2.5"}
+
+
+def test_a_restarted_worker_sees_what_the_cloud_holds(fleet, cluster, client_factory):
+    fleet.launch(job(1), big(2, route_weight=1.5), "k-1")
+    fleet.launch(job(2), small(1), "k-2")
+    fleet.scale("job-2", small(1).rank_id("job-2"), 2, "k-2up")
+    fresh = Ec2Fleet(cluster, pools(), client_factory=client_factory, image_id=IMAGE)
+    assert fresh.deployments() == fleet.deployments()
+    assert [(d.job_id, d.rank.n_replicas) for d in fresh.deployments()] == [("job-1", 2), ("job-2", 2)]
+    assert fresh.capacity() == fleet.capacity()
+    assert fresh.launch(job(1), big(2, route_weight=1.5), "k-1").status is LaunchStatus.DUPLICATE
+    assert fresh.scale("job-2", small(1).rank_id("job-2"), 2, "k-2up").status is LaunchStatus.DUPLICATE
+    # another cluster on the same account sees none of it
+    other = Ec2Fleet(f"{cluster}-other", pools(), client_factory=client_factory, image_id=IMAGE)
+    assert other.deployments() == [] and free(other) == 6
+
+
+def test_a_lost_instance_degrades_its_rank_and_scale_replaces_the_replica(fleet, cluster, client_factory):
+    rank = big(2)
+    rid = rank.rank_id("job-1")
+    fleet.launch(job(), rank, "k-l")
+    victim = next(i for i in instances(client_factory, cluster) if tags(i)["koi:replica"] == "1")
+    client_factory(REGION).terminate_instances(InstanceIds=[victim["InstanceId"]])  # a spot reclaim, say
+    [dep] = fleet.deployments()
+    assert dep.state is DeploymentState.DEGRADED and dep.replicas_ready == 1
+    assert fleet.scale("job-1", rid, 2, "k-heal").status is LaunchStatus.LAUNCHED
+    [dep] = fleet.deployments()
+    assert dep.state is DeploymentState.SERVING and dep.replicas_ready == 2
+    live = instances(client_factory, cluster)
+    assert len(live) == 4 and Counter(tags(i)["koi:replica"] for i in live) == {"0": 2, "2": 2}
+
+
+def test_state_and_tag_helpers():
+    assert rank_state(alive=2, ready=1, target=2) is DeploymentState.LAUNCHING
+    assert rank_state(alive=2, ready=2, target=2) is DeploymentState.SERVING
+    assert rank_state(alive=1, ready=1, target=2) is DeploymentState.DEGRADED
+    long_key = "k" * 300
+    assert tag_value(long_key).startswith("sha256:") and len(tag_value(long_key)) <= 256
+    assert tag_value("a*b") != "a*b" and tag_value("c/1/job#e1") == "c/1/job#e1"
+    assert len(client_token("c", long_key)) <= 64 and client_token("c", "k") != client_token("d", "k")
+    t = spec_tags(big(1, mechanism_id="m" * 300))
+    assert len(t) > 1 and all(len(v) <= 256 for v in t.values()) and T_SPEC in t
+    assert rank_from_tags({**t, "koi:replicas": "3"}) == big(3, mechanism_id="m" * 300)
