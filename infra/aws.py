@@ -185,6 +185,27 @@ class Ec2Fleet:
                                   replicas_ready=len(r.ready()), idempotency_key=r.head.get(T_LAUNCH_KEY, "")))
         return out
 
+    def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
+        """(job id, rank id, env id, hosts): each ready replica's head node — the instance with the lowest
+        launch index, where vLLM's API server and its ``/metrics`` run — by private address (the
+        engines serve inside the VPC), else the public one."""
+        by_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for i in self._describe_all({}, PRESENT):
+            if T_RANK in (t := _tags(i)):
+                by_rank[t[T_RANK]].append(i)
+        out = []
+        for rid, insts in sorted(by_rank.items()):
+            r = _Rank(insts)
+            hosts = []
+            for k in r.ready():
+                head = min(r.replicas[k], key=lambda i: int(i.get("AmiLaunchIndex", 0)))
+                addr = head.get("PrivateIpAddress") or head.get("PublicIpAddress")
+                if addr:
+                    hosts.append(str(addr))
+            if hosts:
+                out.append((r.head[T_JOB], rid, rank_from_tags(r.head).env.env_id, tuple(hosts)))
+        return out
+
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
         rid, key = rank.rank_id(job.job_id), idempotency_key

@@ -81,3 +81,25 @@ def engine(db_url):  # noqa: ANN201 - sqlalchemy Engine
         yield eng
     finally:
         eng.dispose()
+
+
+# ---- EC2 on moto's server (loopback) ----------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """moto's real HTTP server on 127.0.0.1 (one per test session): the EC2 API Koi's AWS executor talks to."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ec2_factory(moto_endpoint: str):  # noqa: ANN201 - Callable[[str], boto3 client]
+    """``region -> EC2 client`` on moto's server, with throwaway credentials (never ~/.aws)."""
+    from infra.cloud import ec2_client_factory
+
+    return ec2_client_factory(moto_endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                              aws_session_token="testing")

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from infra.aws import T_SPEC, Ec2Fleet, client_token, rank_from_tags, rank_state, spec_tags, tag_value
 from koi.domain import ChainConfig, DeploymentState, Environment, Job, Pool, Rank, ResourceMap
@@ -23,21 +21,8 @@ BAD_ZONE = Environment(cloud="aws", region=REGION, zone="us-east-1z", market="on
 
 
 @pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def client_factory(endpoint: str) -> Callable[[str], Any]:
-    def make(region: str) -> Any:
-        return boto3.client("ec2", region_name=region, endpoint_url=endpoint, aws_access_key_id="testing",
-                            aws_secret_access_key="testing", aws_session_token="testing")
-
-    return make
+def client_factory(ec2_factory) -> Callable[[str], Any]:
+    return ec2_factory  # moto's server on loopback (tests/conftest.py)
 
 
 @pytest.fixture

@@ -16,7 +16,10 @@ JSON = typer.Option(False, "--json", help="print one JSON document")
 
 def worker(
     queue: list[str] = typer.Option(["ticks", "planning"], "--queue", "-q", help="task queues to serve: ticks, planning"),
-    world: str = typer.Option("sim", help="sim (the simulator, checkpointed in the store) or ledger"),
+    world: str = typer.Option("sim", help="sim (the simulator, checkpointed in the store), aws (EC2 and the "
+                                            "engines' vLLM metrics) or ledger"),
+    fleet: str | None = typer.Option(None, help="aws: the fleet file (pools, image, metrics port; docs/OPS.md); "
+                                                "default KOI_FLEET_FILE"),
     launch_delay: float = typer.Option(0.0, help="sim: real seconds each launch takes (like a cloud API call)"),
 ) -> None:
     """Run a worker: the tick and planning task queues, until SIGINT/SIGTERM."""
@@ -25,10 +28,16 @@ def worker(
     from workers.runtime import build_runtime
 
     configure()
-    opts = {"world_options": {"launch_delay_s": launch_delay}} if world == "sim" else {}
+    opts: dict = {"world_options": {"launch_delay_s": launch_delay}} if world == "sim" else {}
     if world == "ledger":
         fail("the ledger world needs a resource map; it is for tests (use --world sim)")
-    rt = build_runtime(world=world, **opts)
+    if world == "aws":
+        opts["fleet"] = fleet
+    try:
+        rt = build_runtime(world=world, **opts)
+    except ValueError as exc:  # an unknown world, a missing or malformed fleet file (FleetError)
+        fail(str(exc))
+        return
     asyncio.run(run_worker(rt, queues=queue))
 
 

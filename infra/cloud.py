@@ -1,0 +1,265 @@
+"""A real fleet behind Koi's ports: EC2 launches and counts the instances, vLLM's ``/metrics`` says how they serve.
+
+``koi worker --world aws --fleet fleet.yaml`` runs the tick pipeline against it; everything else — the store,
+Temporal, the planner, S5's checks, the deploy log and its fence — is what the simulated world uses.
+
+- :class:`FleetSpec` (YAML): the pools the cluster may use (a pool is a cloud × region × zone × market ×
+  instance type with an instance budget and a price; Koi's planner never launches outside them), the machine
+  image that starts vLLM, extra ``run_instances`` arguments (subnet, security groups, instance profile, user
+  data), an EC2 endpoint (LocalStack, moto; empty for AWS itself) and where the engines' metrics are served.
+- :class:`CloudWorld`: the Executor and the capacity/deployments half of the Observer are
+  :class:`infra.aws.Ec2Fleet`; telemetry is :class:`infra.vllm_metrics.VllmMetricsObserver`, whose scrape
+  targets are each ready replica's head node (:meth:`infra.aws.Ec2Fleet.engine_hosts`). ``advance`` does
+  nothing: a real fleet's clock is the wall clock (the cluster workflow's ``live`` mode waits the tick
+  interval in a Temporal timer).
+- :class:`CloudWorldProvider`: the provider the pipeline opens the world through. The state is EC2's (the
+  instances' tags), so a checkpoint holds only the wall-clock time a tick was recorded at — it keeps the
+  provider's tick bookkeeping (``current_tick``, the fence's "already advanced") the same as for the simulator.
+
+Choices:
+
+1. **Scraping runs in the worker process**, one background thread per cluster (:class:`Scraper`, every
+   ``scrape_every_s``, 15 s like the simulator's samples), shared by every world the provider restores in that
+   process: S1 of tick t reads the scrapes of (t − 1, t] from memory. A worker that restarts loses the samples
+   of the interval it was down for, and S1 then gets fewer (or no) windows for that tick — S2 handles a rank
+   without a window as "no evidence", never as an error. Several workers each scrape; each has what it needs.
+2. **Scrape targets are re-read from EC2** at most once per ``targets_ttl_s`` (60 s), not on every scrape: a
+   rank launched this tick is scraped from the next refresh, and EC2's API is not called every 15 s.
+3. **Telemetry from a world opened read-only works too**: the provider's worlds share the cluster's scraper.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from infra.aws import DEFAULT_IMAGE, Ec2Fleet
+from infra.vllm_metrics import ScrapeTarget, VllmMetricsObserver
+from koi.domain import Deployment, Job, Pool, Rank, ResourceMap, TelemetryWindow
+from koi.domain.common import KoiModel
+from koi.logging import get_logger
+from koi.ports import LaunchResult
+
+log = get_logger(__name__)
+
+
+class FleetError(ValueError):
+    """A fleet file that cannot be used, with what is wrong in it."""
+
+
+class FleetSpec(KoiModel):
+    pools: list[Pool] = Field(min_length=1, description="what the cluster may launch: Koi never leaves these")
+    image_id: str = Field(default=DEFAULT_IMAGE, min_length=1, description="the AMI that boots vLLM")
+    run_args: dict[str, Any] = Field(default_factory=dict,
+                                     description="merged into every run_instances: SubnetId, SecurityGroupIds, "
+                                                 "IamInstanceProfile, UserData that starts the engine, ...")
+    endpoint_url: str | None = Field(default=None, description="EC2 API endpoint (LocalStack, moto); None: AWS")
+    metrics_port: int = Field(default=8000, ge=1, le=65535, description="vLLM's OpenAI server port")
+    metrics_path: str = "/metrics"
+    scrape_every_s: float = Field(default=15.0, gt=0)
+    targets_ttl_s: float = Field(default=60.0, ge=0)
+    scrape_timeout_s: float = Field(default=2.0, gt=0)
+
+    @property
+    def resources(self) -> ResourceMap:
+        return ResourceMap(pools=[p.model_copy(update={"free_instances": p.total_instances}) for p in self.pools])
+
+
+def load_fleet(path: str | Path) -> FleetSpec:
+    """The fleet file (YAML or JSON); a :class:`FleetError` naming the file and the field that is wrong."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise FleetError(f"cannot read fleet file {p}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise FleetError(f"fleet file {p} is not YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise FleetError(f"fleet file {p}: expected a mapping with 'pools', got {type(raw).__name__}")
+    try:
+        return FleetSpec.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise FleetError(f"fleet file {p}: {where}: {first['msg']} ({exc.error_count()} error(s))") from exc
+
+
+def ec2_client_factory(endpoint_url: str | None = None, **client_kw: Any) -> Callable[[str], Any]:
+    """``region -> boto3 EC2 client``; credentials from the usual AWS chain unless given."""
+
+    def make(region: str) -> Any:
+        import boto3
+
+        return boto3.client("ec2", region_name=region, endpoint_url=endpoint_url, **client_kw)
+
+    return make
+
+
+class Scraper:
+    """Scrapes one cluster's engines every ``every_s`` in a daemon thread (choice 1)."""
+
+    def __init__(self, observer: VllmMetricsObserver, every_s: float) -> None:
+        self.observer, self.every_s = observer, every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="koi-scraper", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.observer.scrape()
+            except Exception as exc:  # noqa: BLE001 - a scrape never takes the worker down
+                log.warning("scrape.failed", error=f"{type(exc).__name__}: {exc}")
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class CloudWorld:
+    """EC2 + vLLM metrics behind the ports (module docstring)."""
+
+    def __init__(self, fleet: Ec2Fleet, metrics: VllmMetricsObserver | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.fleet, self.metrics, self._clock = fleet, metrics, clock
+
+    # ---- Observer -------------------------------------------------------------------------------
+    def now(self) -> float:
+        return float(self._clock())
+
+    def capacity(self) -> ResourceMap:
+        return self.fleet.capacity()
+
+    def deployments(self) -> list[Deployment]:
+        return self.fleet.deployments()
+
+    def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
+        if self.metrics is None:
+            return []
+        return self.metrics.telemetry(t_start, t_end, cluster_id=cluster_id, tick=tick)
+
+    def advance(self, t: float) -> None:
+        """Nothing to do: a real fleet runs on the wall clock."""
+
+    def checkpoint(self) -> bytes:
+        return b""  # the state is EC2's
+
+    # ---- Executor -------------------------------------------------------------------------------
+    def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
+        return self.fleet.launch(job, rank, idempotency_key)
+
+    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
+                 handover: bool = False) -> bool:
+        return self.fleet.teardown(job_id, rank_id, idempotency_key, drain_s=drain_s, handover=handover)
+
+    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
+              drain_s: float | None = None) -> LaunchResult:
+        return self.fleet.scale(job_id, rank_id, n_replicas, idempotency_key, drain_s=drain_s)
+
+    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        return self.fleet.reweight(job_id, rank_id, route_weight, idempotency_key)
+
+
+def scrape_targets(fleet: Ec2Fleet, spec: FleetSpec) -> Callable[[], Sequence[ScrapeTarget]]:
+    """The engines to scrape, re-read from EC2 at most every ``targets_ttl_s`` (choice 2)."""
+    cache: dict[str, Any] = {"at": None, "targets": []}
+
+    def targets() -> Sequence[ScrapeTarget]:
+        now = time.monotonic()
+        if cache["at"] is None or now - cache["at"] >= spec.targets_ttl_s:
+            cache["targets"] = [
+                ScrapeTarget(job_id=job, rank_id=rid, env_id=env,
+                             urls=tuple(f"http://{h}:{spec.metrics_port}{spec.metrics_path}" for h in hosts))
+                for job, rid, env, hosts in fleet.engine_hosts()
+            ]
+            cache["at"] = now
+        return cache["targets"]
+
+    return targets
+
+
+class CloudWorldProvider:
+    """The pipeline's world provider over EC2 (:class:`koi.pipeline.world.WorldProvider`).
+
+    EC2 holds the state, so each unit of work gets a fresh :class:`CloudWorld` for its cluster; the store keeps
+    one row per tick (``W_world``, an empty checkpoint with the wall-clock time) so that ``current_tick`` and a
+    retried ``advance`` behave as they do for the simulator. ``scrape=False``: no metrics thread (tests, a dry
+    run of the executor).
+    """
+
+    def __init__(self, spec: FleetSpec, *, client_factory: Callable[[str], Any] | None = None,
+                 clock: Callable[[], float] = time.time, scrape: bool = True) -> None:
+        self.spec, self.clock, self.scrape = spec, clock, scrape
+        self.factory = client_factory or ec2_client_factory(spec.endpoint_url)
+        self.scrapers: dict[str, Scraper] = {}
+        self._lock = threading.Lock()
+
+    def world(self, cluster_id: str) -> CloudWorld:
+        spec = self.spec
+        fleet = Ec2Fleet(cluster_id, spec.resources, client_factory=self.factory, image_id=spec.image_id,
+                         clock=self.clock, run_args=spec.run_args)
+        if not self.scrape:
+            return CloudWorld(fleet, None, self.clock)
+        with self._lock:
+            if cluster_id not in self.scrapers:
+                obs = VllmMetricsObserver(scrape_targets(fleet, spec), clock=self.clock,
+                                          timeout_s=spec.scrape_timeout_s)
+                self.scrapers[cluster_id] = Scraper(obs, spec.scrape_every_s)
+                self.scrapers[cluster_id].start()
+                log.info("cloud.scraping", cluster=cluster_id, every_s=spec.scrape_every_s)
+        return CloudWorld(fleet, self.scrapers[cluster_id].observer, self.clock)
+
+    def ensure(self, session: Any, cluster_id: str, scenario: str | None, seed: int | None) -> tuple[float, bool]:
+        from koi.pipeline.world import encode_checkpoint, load_checkpoint, save_checkpoint
+
+        now = float(self.clock())
+        if load_checkpoint(session, cluster_id) is not None:
+            return now, False
+        save_checkpoint(session, cluster_id, 0, encode_checkpoint(b"", now))
+        return now, True
+
+    def current_tick(self, session: Any, cluster_id: str) -> int:
+        from koi.pipeline.world import load_checkpoint
+
+        found = load_checkpoint(session, cluster_id)
+        return 0 if found is None else found[0]
+
+    @contextmanager
+    def open(self, session: Any, cluster_id: str, tick: int, *, write: bool) -> Iterator[Any]:
+        from koi.pipeline.world import WorldHandle, WorldMissing, load_checkpoint
+
+        found = load_checkpoint(session, cluster_id, None if write else tick)
+        if found is None:
+            raise WorldMissing(f"cluster {cluster_id!r} has no world record; run ensure_world first")
+        yield WorldHandle(world=self.world(cluster_id), tick=found[0])
+
+    def advance(self, session: Any, cluster_id: str, tick: int, t_target: float) -> float:
+        from koi.pipeline.world import encode_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+
+        found = load_checkpoint(session, cluster_id)
+        if found is not None and found[0] >= tick:  # a retried activity: already recorded
+            return float(self.clock())
+        move = getattr(self.clock, "advance", None)
+        if move is not None and float(self.clock()) < t_target:
+            move(t_target)  # a test clock; the wall clock moves by itself
+        save_checkpoint(session, cluster_id, tick, encode_checkpoint(b"", float(self.clock())))
+        prune_checkpoints(session, cluster_id)
+        return float(self.clock())
+
+    def close(self) -> None:
+        for s in self.scrapers.values():
+            s.stop()
+            s.observer.close()

@@ -1,0 +1,185 @@
+"""The tick pipeline against EC2 (moto's server on loopback): the fleet file, the provider, a worker restart,
+the scrape targets and the scraper thread."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from infra.cloud import CloudWorldProvider, FleetError, FleetSpec, Scraper, load_fleet, scrape_targets
+from koi.domain import Action, ActionType, ChainConfig, Environment, Job, Ladder, Plan, Pool, Rank
+from koi.pipeline import ProposeContext, Runtime, Verdict, run_tick, run_ticks
+from koi.pipeline.messages import TickOutcome
+from koi.store import init_db, list_deploys, make_engine, session_scope
+
+ENV = Environment(cloud="aws", region="us-east-1", zone="us-east-1a", market="on_demand", gpu_type="L4")
+FLEET_YAML = """
+pools:
+  - env: {cloud: aws, region: us-east-1, zone: us-east-1a, market: on_demand, gpu_type: L4}
+    instance_type: g6.xlarge
+    gpus_per_instance: 1
+    total_instances: 4
+    free_instances: 4
+    hourly_price: 0.8
+image_id: ami-0123456789abcdef0
+metrics_port: 8001
+"""
+
+
+class Clock:
+    """The cluster clock of a test: the provider moves it where the wall clock would have moved."""
+
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+
+def job(i: int) -> Job:
+    return Job.model_validate({
+        "job_id": f"job-{i}", "model": "llama-3.1-8b", "job_class": "online",
+        "workload": {"input_len": {"mean": 512, "std": 100}, "output_len": {"mean": 128, "std": 30},
+                     "arrival": {"rate_rps": 2.0}},
+        "slo": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
+    })
+
+
+def place_pending(ctx: ProposeContext) -> Plan:
+    rank = Rank(env=ENV, config=ChainConfig(instance_type="g6.xlarge"), n_replicas=2)
+    return Plan(actions=[
+        Action(job_id=js.job.job_id, type=ActionType.PLACE, ladder=Ladder(ranks=[rank]))
+        if js.status.value == "pending" else Action(job_id=js.job.job_id, type=ActionType.KEEP)
+        for js in ctx.snapshot.jobs
+    ], proposer="place_pending")
+
+
+@pytest.fixture
+def spec(tmp_path) -> FleetSpec:
+    f = tmp_path / "fleet.yaml"
+    f.write_text(FLEET_YAML)
+    return load_fleet(f)
+
+
+def runtime(tmp_path, provider) -> Runtime:
+    eng = make_engine(f"sqlite:///{tmp_path / 'koi.db'}")
+    init_db(eng)
+    return Runtime(engine=eng, world=provider, proposers={"p": place_pending}, default_proposer="p",
+                   validator=lambda s, c, t, snap, plan: Verdict(valid=True, plan=plan),
+                   s2=lambda s, c, t: {}, s3=lambda s, c, t: {}, interval_s=60.0)
+
+
+def koi_instances(factory, cluster: str) -> list[dict]:
+    pages = factory("us-east-1").get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "tag:koi:cluster", "Values": [cluster]},
+                 {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    return [i for p in pages for r in p["Reservations"] for i in r["Instances"]]
+
+
+def test_ticks_launch_on_ec2_and_a_restarted_worker_sees_the_same_fleet(tmp_path, spec, ec2_factory):
+    cluster, clock = f"c-{uuid.uuid4().hex[:8]}", Clock()
+    rt = runtime(tmp_path, CloudWorldProvider(spec, client_factory=ec2_factory, clock=clock, scrape=False))
+    out = run_ticks(rt, cluster, 2, jobs=[job(0), job(1)])
+    assert [r.outcome for r in out] == [TickOutcome.COMMITTED] * 2
+    insts = koi_instances(ec2_factory, cluster)
+    tags = [{t["Key"]: t["Value"] for t in i["Tags"]} for i in insts]
+    assert Counter(t["koi:job"] for t in tags) == {"job-0": 2, "job-1": 2}  # 2 replicas × 1 instance each
+    assert {i["InstanceType"] for i in insts} == {"g6.xlarge"}
+    assert sorted(d.job_id for d in out[-1].deployments) == ["job-0", "job-1"]  # S0 read them back from EC2
+    assert clock.t == 1_000.0 + 120.0  # the provider moved the test clock; a wall clock moves by itself
+
+    # a worker restart: a new provider on the same store and the same account launches nothing again
+    rt2 = runtime(tmp_path, CloudWorldProvider(spec, client_factory=ec2_factory, clock=clock, scrape=False))
+    r = run_tick(rt2, cluster, 2)
+    assert r.outcome is TickOutcome.COMMITTED and r.deploy.launched == 0
+    assert len(koi_instances(ec2_factory, cluster)) == 4
+    with session_scope(rt2.engine) as s:
+        assert rt2.world.current_tick(s, cluster) == 2
+        ops = [d.detail.get("op") for d in list_deploys(s, cluster)]
+    assert ops.count("launch") == 2
+
+
+def test_a_launch_ec2_refuses_rolls_the_whole_tick_back_on_ec2(tmp_path, spec, ec2_factory):
+    """S5 is stubbed to pass a plan that over-commits the pool: the cloud refuses the second launch, the tick
+    falls back to keep-all and S6's compensation terminates what the first launch started."""
+    cluster = f"c-{uuid.uuid4().hex[:8]}"
+    small = spec.model_copy(update={"pools": [spec.pools[0].model_copy(update={"total_instances": 3,
+                                                                                "free_instances": 3})]})
+    rt = runtime(tmp_path, CloudWorldProvider(small, client_factory=ec2_factory, clock=Clock(), scrape=False))
+    (r,) = run_ticks(rt, cluster, 1, jobs=[job(0), job(1)])  # each job wants 2 of the pool's 3 instances
+    assert r.outcome is TickOutcome.FALLBACK and r.failed_stage == "s6_deploy"
+    assert "1 of 3 free" in r.reason and "g6.xlarge" in r.reason
+    assert koi_instances(ec2_factory, cluster) == []  # nothing left running, nothing paid for
+
+
+def test_scrape_targets_are_the_ready_replicas_head_nodes(tmp_path, spec, ec2_factory):
+    cluster = f"c-{uuid.uuid4().hex[:8]}"
+    provider = CloudWorldProvider(spec, client_factory=ec2_factory, clock=Clock(), scrape=False)
+    world = provider.world(cluster)
+    rank = Rank(env=ENV, config=ChainConfig(instance_type="g6.xlarge"), n_replicas=2)
+    assert world.launch(job(0), rank, "k-0").status.value == "launched"
+    (target,) = scrape_targets(world.fleet, spec)()
+    assert target.job_id == "job-0" and target.rank_id == rank.rank_id("job-0") and target.env_id == ENV.env_id
+    assert len(target.urls) == 2 and all(u.startswith("http://") and u.endswith(":8001/metrics") for u in target.urls)
+    assert world.telemetry(0.0, 60.0, cluster_id=cluster, tick=1) == []  # no metrics observer: no windows
+
+
+def test_the_scraper_keeps_scraping_when_a_scrape_raises():
+    calls, done = [], threading.Event()
+
+    class Flaky:
+        def scrape(self) -> int:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("engine endpoint table broken")
+            if len(calls) >= 3:
+                done.set()
+            return 0
+
+    s = Scraper(Flaky(), every_s=0.01)  # type: ignore[arg-type]
+    s.start()
+    assert done.wait(5), "the scraper stopped after a failing scrape"
+    s.stop()
+    n = len(calls)
+    assert not s._thread.is_alive() and len(calls) == n
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    (None, "cannot read fleet file"),
+    ("pools: [", "is not YAML"),
+    ("- 1\n- 2\n", "expected a mapping"),
+    ("pools: []\n", "pools"),
+    (FLEET_YAML.replace("gpus_per_instance: 1", "gpus_per_instance: 0"), "pools.0.gpus_per_instance"),
+    (FLEET_YAML + "metrics_port: 99999\n", "metrics_port"),
+])
+def test_a_bad_fleet_file_names_what_is_wrong(tmp_path, text, needle):
+    f = tmp_path / "fleet.yaml"
+    if text is not None:
+        f.write_text(text)
+    with pytest.raises(FleetError, match=needle.replace(".", r"\.").replace("[", r"\[")):
+        load_fleet(f)
+
+
+def test_koi_worker_refuses_the_aws_world_without_a_usable_fleet_file(tmp_path):
+    from koi.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["worker", "--world", "aws"], env={"KOI_FLEET_FILE": ""})
+    assert r.exit_code == 2 and "fleet file" in r.output
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("pools: []\n")
+    r = runner.invoke(app, ["worker", "--world", "aws", "--fleet", str(bad)])
+    assert r.exit_code == 2 and "pools" in r.output and "Traceback" not in r.output
+
+
+def test_the_pools_of_the_fleet_start_free():
+    pool = Pool(env=ENV, instance_type="g6.xlarge", gpus_per_instance=1, total_instances=4, free_instances=0,
+                hourly_price=0.8)
+    assert FleetSpec(pools=[pool]).resources.pools[0].free_instances == 4  # EC2 says what is used, not the file
