@@ -183,3 +183,12 @@ def test_the_pools_of_the_fleet_start_free():
     pool = Pool(env=ENV, instance_type="g6.xlarge", gpus_per_instance=1, total_instances=4, free_instances=0,
                 hourly_price=0.8)
     assert FleetSpec(pools=[pool]).resources.pools[0].free_instances == 4  # EC2 says what is used, not the file
+
+
+def test_the_shipped_example_fleet_file_loads():
+    from pathlib import Path
+
+    import infra
+
+    spec = load_fleet(Path(infra.__file__).parent / "fleet.example.yaml")
+    assert [p.env.market.value for p in spec.pools] == ["on_demand", "spot"] and spec.run_args["SubnetId"]
