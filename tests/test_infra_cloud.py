@@ -192,3 +192,47 @@ def test_the_shipped_example_fleet_file_loads():
 
     spec = load_fleet(Path(infra.__file__).parent / "fleet.example.yaml")
     assert [p.env.market.value for p in spec.pools] == ["on_demand", "spot"] and spec.run_args["SubnetId"]
+
+
+def test_s1_stores_the_windows_scraped_from_the_engines_of_ranks_launched_on_ec2(tmp_path, spec, ec2_factory,
+                                                                               monkeypatch):
+    """EC2 (moto) says which ranks are ready; their engines' /metrics (a loopback server: moto's private
+    addresses route nowhere, so only the address is swapped for 127.0.0.1) are scraped; S1 stores the windows."""
+    from infra.aws import Ec2Fleet
+    from koi.pipeline import stages
+    from koi.pipeline.messages import AdvanceInput
+    from koi.store import get_telemetry
+    from tests.test_infra_vllm_metrics import MetricsServer, page
+
+    server = MetricsServer()
+    try:
+        real = Ec2Fleet.engine_hosts
+        monkeypatch.setattr(Ec2Fleet, "engine_hosts",
+                            lambda self: [(j, r, e, tuple("127.0.0.1" for _ in h)) for j, r, e, h in real(self)])
+        port = server.httpd.server_address[1]
+        live = spec.model_copy(update={"metrics_port": port, "targets_ttl_s": 0.0, "scrape_every_s": 3600.0})
+        cluster, clock = f"c-{uuid.uuid4().hex[:8]}", Clock()
+        provider = CloudWorldProvider(live, client_factory=ec2_factory, clock=clock)
+        rt = runtime(tmp_path, provider)
+        run_ticks(rt, cluster, 0, jobs=[job(0)])
+        assert run_tick(rt, cluster, 0).deploy.launched == 1
+        obs = provider.scrapers[cluster].observer
+        for i, (gen, ttft) in enumerate([(0, (0,) * 6), (300, (10, 10, 10, 10, 10, 10)),
+                                         (900, (10, 10, 30, 30, 30, 30))], start=1):
+            clock.t = 1_000.0 + 20.0 * i  # scrapes at 1020, 1040, 1060
+            server.pages["/metrics"] = page(running=6, kv=0.4, gen=gen, ttft=ttft)
+            obs.scrape()
+        stages.advance_world(rt, AdvanceInput(cluster_id=cluster, tick=1, t_target=1_060.0))
+        r1 = run_tick(rt, cluster, 1)
+        assert r1.outcome is TickOutcome.COMMITTED and r1.observe.n_windows == 1
+        with session_scope(rt.engine) as s:
+            (w,) = get_telemetry(s, cluster, 1)
+        assert w.job_id == "job-0" and w.times == [1_040.0, 1_060.0]
+        # both replicas point at the one loopback URL, which is one engine (a URL is scraped once per scrape)
+        assert w.series["throughput_tokens_per_sec"] == pytest.approx([300 / 20, 600 / 20])
+        assert w.series["live_batch_size"] == [6, 6] and w.series["kv_cache_util"] == [0.4, 0.4]
+        assert w.series["p99_ttft_ms"][1] == pytest.approx(1e3 * (0.1 + 0.4 * 0.99))  # the 20 new TTFTs in (0.1, 0.5]
+    finally:
+        if "provider" in locals():
+            provider.close()
+        server.close()
