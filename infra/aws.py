@@ -171,14 +171,17 @@ class Ec2Fleet:
         return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used[p.pool_id])})
                                   for p in self.pools.pools])
 
-    def deployments(self) -> list[Deployment]:
+    def _ranks(self) -> dict[str, _Rank]:
+        """This cluster's ranks as EC2 lists them (instances not on their way out), by rank id."""
         by_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for i in self._describe_all({}, PRESENT):
             if T_RANK in (t := _tags(i)):
                 by_rank[t[T_RANK]].append(i)
+        return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
+
+    def deployments(self) -> list[Deployment]:
         out = []
-        for _rid, insts in sorted(by_rank.items()):
-            r = _Rank(insts)
+        for r in self._ranks().values():
             rank = rank_from_tags(r.head)
             out.append(Deployment(job_id=r.head[T_JOB], rank=rank,
                                   state=rank_state(len(r.alive()), len(r.ready()), rank.n_replicas),
@@ -189,13 +192,8 @@ class Ec2Fleet:
         """(job id, rank id, env id, hosts): each ready replica's head node — the instance with the lowest
         launch index, where vLLM's API server and its ``/metrics`` run — by private address (the
         engines serve inside the VPC), else the public one."""
-        by_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for i in self._describe_all({}, PRESENT):
-            if T_RANK in (t := _tags(i)):
-                by_rank[t[T_RANK]].append(i)
         out = []
-        for rid, insts in sorted(by_rank.items()):
-            r = _Rank(insts)
+        for rid, r in self._ranks().items():
             hosts = []
             for k in r.ready():
                 head = min(r.replicas[k], key=lambda i: int(i.get("AmiLaunchIndex", 0)))
@@ -215,7 +213,7 @@ class Ec2Fleet:
             return LaunchResult(job_id=job.job_id, rank_id=rid, idempotency_key=key, status=status,
                                 replicas_requested=rank.n_replicas, replicas_launched=launched, reason=reason)
 
-        pool = self._pool_for(rank)
+        pool = self.pools.pool_for(rank)
         if pool is None:
             reason = (f"no pool of cluster {self.cluster_id} for env {rank.env.env_id} "
                       f"and instance type {rank.config.instance_type}")
@@ -412,15 +410,6 @@ class Ec2Fleet:
         return [i["InstanceId"] for i in insts]
 
     # ---- pools ----------------------------------------------------------------------------------
-    def _pool_for(self, rank: Rank) -> Pool | None:
-        for p in self.pools.pools:
-            if p.env.env_id != rank.env.env_id:
-                continue
-            if rank.config.instance_type and p.instance_type != rank.config.instance_type:
-                continue
-            return p
-        return None
-
     @staticmethod
     def _nodes(rank: Rank, pool: Pool) -> int:
         return math.ceil(rank.config.gpus / pool.gpus_per_instance)

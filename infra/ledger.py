@@ -56,15 +56,6 @@ class LedgerWorld:
         self._now = max(self._now, float(t))
 
     # ---- Executor -------------------------------------------------------------------------------
-    def _pool_for(self, rank: Rank):  # noqa: ANN202 - a Pool
-        for p in self.resources.pools:
-            if p.env.env_id != rank.env.env_id:
-                continue
-            if rank.config.instance_type and p.instance_type != rank.config.instance_type:
-                continue
-            return p
-        return None
-
     def _instances(self, rank: Rank, pool: Any, n: int) -> int:
         return n * math.ceil(rank.config.gpus / pool.gpus_per_instance)
 
@@ -81,7 +72,7 @@ class LedgerWorld:
             return LaunchResult(job_id=job.job_id, rank_id=rid, idempotency_key=idempotency_key,
                                 status=LaunchStatus.DUPLICATE, replicas_requested=rank.n_replicas,
                                 replicas_launched=prev.get("replicas", 0), reason="already applied")
-        pool = self._pool_for(rank)
+        pool = self.resources.pool_for(rank)
         need = self._instances(rank, pool, rank.n_replicas) if pool is not None else 0
         refused = any(p == job.job_id or p in idempotency_key for p in self.fail_launches)
         if refused or pool is None or rid in self.ranks or not self._take(pool, need):

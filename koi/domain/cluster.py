@@ -71,6 +71,15 @@ class ResourceMap(KoiModel):
                 return p
         return None
 
+    def pool_for(self, rank: Rank) -> Pool | None:
+        """The pool a rank launches into: its environment, and its instance type when the rank names one
+        (else the first pool of that environment) — what every executor uses."""
+        for p in self.pools:
+            if p.env.env_id == rank.env.env_id and (not rank.config.instance_type
+                                                    or p.instance_type == rank.config.instance_type):
+                return p
+        return None
+
     def free_gpus_by_env(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
         for p in self.pools:
