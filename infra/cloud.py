@@ -30,6 +30,7 @@ Choices:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -206,6 +207,8 @@ class CloudWorldProvider:
         self.factory = client_factory or ec2_client_factory(spec.endpoint_url)
         self.scrapers: dict[str, Scraper] = {}
         self._lock = threading.Lock()
+        if scrape:  # httpx logs every request at INFO: 400 engines every 15 s would drown the worker's log
+            logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
 
     def world(self, cluster_id: str) -> CloudWorld:
         spec = self.spec
