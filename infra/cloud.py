@@ -197,8 +197,9 @@ class CloudWorldProvider:
 
     EC2 holds the state, so each unit of work gets a fresh :class:`CloudWorld` for its cluster; the store keeps
     one row per tick (``W_world``, an empty checkpoint with the wall-clock time) so that ``current_tick`` and a
-    retried ``advance`` behave as they do for the simulator. ``scrape=False``: no metrics thread (tests, a dry
-    run of the executor).
+    retried ``advance`` behave as they do for the simulator. A world opened "as of" an older tick (a reset, a
+    replay) is today's fleet: the cloud keeps no history, the store's stage outputs do. ``scrape=False``: no
+    metrics thread (tests, a dry run of the executor).
     """
 
     def __init__(self, spec: FleetSpec, *, client_factory: Callable[[str], Any] | None = None,

@@ -7,8 +7,9 @@ The worker or agent that owns the fleet calls ``scrape()`` on a schedule (every 
 simulator's sample period); nothing here runs a timer of its own.
 
 Mapping, vLLM metric → Koi variable [unit of :mod:`koi.variables`]. Gauges are read at the later
-scrape, counters and histograms from the pair's deltas (Δt: the difference of the scrape times);
-where vLLM's v0/v1 engines spell a metric differently the first name present wins:
+scrape, counters and histograms from deltas (Δt: the difference of the scrape times) over the
+span the simulator uses for that variable (table below); where vLLM's v0/v1 engines spell a
+metric differently the first name present wins:
 
 - ``vllm:num_requests_running`` (gauge) → ``live_batch_size`` [seqs]
 - ``vllm:num_requests_waiting`` (gauge) → ``queue_depth`` [requests]
@@ -23,6 +24,38 @@ where vLLM's v0/v1 engines spell a metric differently the first name present win
 - ``vllm:request_prompt_tokens`` (histogram), Δsum/Δcount → ``input_length_observed`` [tokens]
 - ``vllm:request_generation_tokens`` (histogram), Δsum/Δcount → ``output_length_observed`` [tokens]
 
+Span per variable, as :mod:`koi.sim.telemetry` computes it (``interval``: the last sample
+interval, here the last pair of scrapes; ``window``: the trailing ``window_s``, the simulator's
+``WINDOW_S`` = 120 s, i.e. the intervals ending after ``t − window_s``):
+
+=============================  ===========================  =======================================
+variable                       simulator                    here
+=============================  ===========================  =======================================
+``live_batch_size``            interval (time average)      gauge at the scrape
+``queue_depth``                interval (time average)      gauge at the scrape
+``kv_cache_util``              interval (time average)      gauge at the scrape
+``preemption_rate``            interval                     pair
+``throughput_tokens_per_sec``  interval                     pair
+``kvcache_hit_rate``           interval                     pair
+``input_length_observed``      interval                     pair
+``output_length_observed``     interval                     pair
+``p99_ttft_ms``                window (+ waiting ages)      window
+``p99_tpot_ms``                window                       window
+=============================  ===========================  =======================================
+
+(The simulator's other window series, ``cost_per_token`` and ``slo_margin``, are not scraped.)
+The window of the sample at scrape time ``t`` runs from the newest kept scrape at or before
+``t − window_s`` to ``t``: the pairs ending after ``t − window_s``, their merged bucket deltas
+summed (each pair reset-aware, so a restart inside the window neither goes negative nor drops
+the requests before it). It always holds the last pair (``window_s=0`` is the per-pair p99). A
+shorter history starts at the oldest scrape of the unbroken chain of pairs: the rank's first
+scrape, or the first after a ``max_gap_s`` gap or a failed sample (either clears the chain); a
+failed or skipped scrape only lengthens a pair. At most ``max_samples`` pairs are kept per rank
+(enough for ``window_s`` when the scrape period ≥ ``window_s / max_samples``, 1.9 s at the
+defaults); a window cut short by that bound is noted once per rank (``window_truncated``). Left
+out: the simulator also counts the age of every request still waiting for its first token in
+``p99_ttft_ms``; vLLM exports no such ages, so a stalled rank holds its last p99 here.
+
 Choices, each to match what :mod:`koi.sim.telemetry` and the surrogate mean by a variable:
 - throughput counts generated tokens only (the simulator's ``tok_out``, the surrogate's
   ``λ·osl``); prompt tokens are not output;
@@ -32,9 +65,9 @@ Choices, each to match what :mod:`koi.sim.telemetry` and the surrogate mean by a
   them per engine); histogram bucket deltas are merged before the quantile;
 - TPOT prefers the per-request histogram (newer vLLM; the simulator's ``(finish − first
   token)/(tokens − 1)``) over the per-token inter-token latency of older names;
-- p99s come from one pair's deltas (Prometheus ``histogram_quantile`` with linear
-  interpolation in the bucket); the simulator uses a 120-s trailing window, so at low rates a
-  15-s pair's p99 runs lower (koi/sim/telemetry.py quantifies it);
+- p99s are Prometheus' ``histogram_quantile`` (linear interpolation in the bucket) of the
+  window's bucket deltas, as ``histogram_quantile(0.99, rate(...[2m]))``; a 15-s pair's p99
+  runs lower at low rates (−22% TTFT / −13% TPOT, koi/sim/telemetry.py), hence the window;
 - an engine that did not answer one of the pair's scrapes adds nothing to the pair's sums (right
   for a replica that is gone, an undercount for one that timed out, which is logged); a scrape
   where no engine of a rank answered is skipped, and the next pairs with the last good one;
@@ -242,6 +275,9 @@ _SCALAR_NAMES = frozenset(
 _HIST_NAMES = frozenset([a for al in LATENCY_P99.values() for a in al] + list(LENGTH_MEANS.values()))
 
 Note = Callable[[str, str], None]  # (reason, detail)
+#: The simulator's trailing window (s) of the p99 latencies, ``koi.sim.telemetry.WINDOW_S`` (not
+#: imported: that would load the simulator into the fleet worker; a test keeps the two equal).
+WINDOW_S = 120.0
 
 
 @dataclass(slots=True)
@@ -362,8 +398,22 @@ def _gauge_mean(engines: Sequence[EngineMetrics], aliases: Sequence[str], hi: fl
     return sum(xs) / len(xs) if xs else None
 
 
-def pair_sample(prev: _Scrape, cur: _Scrape, note: Note) -> dict[str, float]:
-    """One rank's sample at ``cur.t``: gauges read at ``cur``, rates and quantiles from the deltas."""
+def pair_latency(prev: _Scrape, cur: _Scrape, note: Note) -> dict[str, Histogram]:
+    """The pair's latency bucket deltas by variable, merged across the rank's engines."""
+    both = [(prev.engines[u], e) for u, e in cur.engines.items() if u in prev.engines]
+    out: dict[str, Histogram] = {}
+    for var, aliases in LATENCY_P99.items():
+        name = next((n for n in aliases if any(n in c.hists and n in p.hists for p, c in both)), None)
+        if deltas := (_hist_deltas(both, name, note) if name else []):
+            out[var] = _merge(deltas)
+    return out
+
+
+def pair_sample(prev: _Scrape, cur: _Scrape, note: Note,
+                window: Sequence[dict[str, Histogram]] | None = None) -> dict[str, float]:  # fmt: skip
+    """One rank's sample at ``cur.t``: gauges read at ``cur``, rates and means from the pair's deltas,
+    p99s from ``window`` (:func:`pair_latency` of the window's pairs, this one included) or, when
+    None, from this pair alone."""
     dt = cur.t - prev.t
     out: dict[str, float | None] = {}
     now = list(cur.engines.values())
@@ -391,10 +441,10 @@ def pair_sample(prev: _Scrape, cur: _Scrape, note: Note) -> dict[str, float]:
             out[HIT] = None
     else:
         out[HIT] = _gauge_mean(now, (PREFIX_GAUGE_V0,), 1.0, note)
-    for var, aliases in LATENCY_P99.items():
-        name = next((n for n in aliases if any(n in c.hists and n in p.hists for p, c in both)), None)
-        deltas = _hist_deltas(both, name, note) if name else []
-        q = histogram_quantile(0.99, _merge(deltas).buckets) if deltas else None
+    lat = window if window is not None else [pair_latency(prev, cur, note)]
+    for var in LATENCY_P99:
+        hs = [w[var] for w in lat if var in w]
+        q = histogram_quantile(0.99, _merge(hs).buckets) if hs else None
         out[var] = q * 1e3 if q is not None else None
     for var, name in LENGTH_MEANS.items():
         deltas = _hist_deltas(both, name, note)
@@ -437,16 +487,20 @@ class _RankState:
     target: ScrapeTarget
     last: _Scrape | None = None
     samples: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
+    # the unbroken chain of pairs still in the latency window: (later scrape's time, pair_latency)
+    pairs: deque[tuple[float, dict[str, Histogram]]] = field(default_factory=deque)
+    truncated: bool = False  # window_truncated noted
 
 
 class VllmMetricsObserver:
     """Scrapes vLLM engines per rank and serves S1's :meth:`telemetry` from what it kept.
 
     ``targets`` is the rank → endpoints map, or a callable returning it at each scrape (the
-    fleet changes between ticks). ``max_samples`` bounds each rank's buffer (64 × 15 s = 16 min);
-    a pair of scrapes further apart than ``max_gap_s`` gives no sample; a rank that left the
-    targets is forgotten ``retain_s`` after its last scrape. Thread-safe: scrape from a timer
-    thread, read from the tick."""
+    fleet changes between ticks). ``window_s`` is the trailing window of the p99 latencies (module
+    docstring; 0: each pair alone). ``max_samples`` bounds each rank's buffer of samples (64 × 15 s
+    = 16 min) and of pairs kept for the window; a pair of scrapes further apart than ``max_gap_s``
+    gives no sample and restarts the window; a rank that left the targets is forgotten
+    ``retain_s`` after its last scrape. Thread-safe: scrape from a timer thread, read from the tick."""
 
     def __init__(
         self,
@@ -455,6 +509,7 @@ class VllmMetricsObserver:
         client: httpx.Client | None = None,
         clock: Callable[[], float] = time.time,
         timeout_s: float = 2.0,
+        window_s: float = WINDOW_S,
         max_samples: int = 64,
         max_gap_s: float = 300.0,
         retain_s: float = 3600.0,
@@ -467,6 +522,11 @@ class VllmMetricsObserver:
         self._client = client or httpx.Client()
         self._clock = clock
         self.timeout_s = timeout_s
+        if not window_s >= 0:
+            raise ValueError(f"window_s must be >= 0, got {window_s}")
+        if max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1, got {max_samples}")
+        self.window_s = float(window_s)
         self.max_samples = max_samples
         self.max_gap_s = max_gap_s
         self.retain_s = retain_s
@@ -532,7 +592,8 @@ class VllmMetricsObserver:
             for tg in targets:
                 key = (tg.job_id, tg.rank_id)
                 live.add(key)
-                st = self._ranks.setdefault(key, _RankState(tg, samples=deque(maxlen=self.max_samples)))
+                st = self._ranks.setdefault(key, _RankState(tg, samples=deque(maxlen=self.max_samples),
+                                                            pairs=deque(maxlen=self.max_samples)))  # fmt: skip
                 st.target = tg
                 engines = {u: m for u in tg.urls if (m := got.get(u)) is not None}
                 where = f"{tg.job_id}/{tg.rank_id}"
@@ -549,11 +610,16 @@ class VllmMetricsObserver:
                     continue
                 if t - prev.t > self.max_gap_s:
                     self._note("gap", where, f"{t - prev.t:.0f} s since the last scrape; no sample")
+                    st.pairs.clear()
                     continue
                 try:
-                    values = pair_sample(prev, cur, lambda reason, detail, w=where: self._note(reason, w, detail))
+                    note = lambda reason, detail, w=where: self._note(reason, w, detail)  # noqa: E731
+                    lat = pair_latency(prev, cur, note)
+                    self._window_add(st, t, lat, where)
+                    values = pair_sample(prev, cur, note, [h for _, h in st.pairs])
                 except Exception as exc:  # as in _fetch: never end the scrape on one rank's data
                     self._note("sample_error", where, f"{type(exc).__name__}: {exc}")
+                    st.pairs.clear()
                     continue
                 if values:
                     st.samples.append((t, values))
@@ -563,6 +629,17 @@ class VllmMetricsObserver:
                 if s.last is None or s.last.t < t - self.retain_s:
                     del self._ranks[key]
         return n
+
+    def _window_add(self, st: _RankState, t: float, lat: dict[str, Histogram], where: str) -> None:
+        """Drop the pairs that ended at or before ``t − window_s``, then append this one (which
+        evicts the oldest when ``max_samples`` pairs are still in the window: noted once per rank)."""
+        while st.pairs and st.pairs[0][0] <= t - self.window_s:
+            st.pairs.popleft()
+        if len(st.pairs) == st.pairs.maxlen and not st.truncated:
+            st.truncated = True
+            self._note("window_truncated", where, f"{self.max_samples} pairs do not cover window_s={self.window_s:g}"
+                       f" (scrape period {(t - st.pairs[0][0]) / len(st.pairs):.3g} s); the window is shorter")
+        st.pairs.append((t, lat))
 
     def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
         """One window per rank with samples whose scrape time is in ``(t_start, t_end]``."""

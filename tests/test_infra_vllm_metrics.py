@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from infra.vllm_metrics import (
+    WINDOW_S,
     ScrapeTarget,
     VllmMetricsObserver,
     histogram_quantile,
@@ -223,9 +224,11 @@ def test_full_loop_three_scrapes_two_samples(server: MetricsServer, client: http
     assert s["kvcache_hit_rate"] == pytest.approx([0.3, 1.0])
     assert s["input_length_observed"] == pytest.approx([512.0, 512.0])  # 5120/10, then 2048/4
     assert s["output_length_observed"] == pytest.approx([200.0, 200.0])  # 2000/10, then 600/3
-    # pair 1: 100 new TTFTs, all in (0.1, 0.5] -> 0.1 + 0.4 * 99/100; pair 2: 100 in (0.5, 1.0]
-    assert s["p99_ttft_ms"] == pytest.approx([1e3 * (0.1 + 0.4 * 0.99), 1e3 * (0.5 + 0.5 * 0.99)])
-    assert s["p99_tpot_ms"] == pytest.approx([1e3 * (0.01 + 0.015 * 0.99), 1e3 * (0.025 + 0.025 * 0.99)])
+    # p99s over the 120-s window, which here holds every pair: at 115 pair 1's 100 new TTFTs, all in
+    # (0.1, 0.5] -> 0.1 + 0.4 * 99/100; at 130 those and pair 2's 100 in (0.5, 1.0]: rank 198 of 200
+    # -> 0.5 + 0.5 * (198 - 100)/100 (pair 2 alone would be 0.5 + 0.5 * 0.99)
+    assert s["p99_ttft_ms"] == pytest.approx([1e3 * (0.1 + 0.4 * 0.99), 1e3 * (0.5 + 0.5 * 0.98)])
+    assert s["p99_tpot_ms"] == pytest.approx([1e3 * (0.01 + 0.015 * 0.99), 1e3 * (0.025 + 0.025 * 0.98)])
     assert set(s) <= set(variables.TELEMETRY_SERIES)
     TelemetryWindow.model_validate(w.model_dump())  # validates again from plain data
     # the window cuts by the later scrape's time: (115, 130] holds only the second sample
@@ -391,3 +394,96 @@ def test_rank_that_left_the_targets_is_served_then_forgotten(server: MetricsServ
     clock.t = 200.0  # more than retain_s after old's last scrape
     obs.scrape()
     assert [w.rank_id for w in obs.telemetry(100, 200, cluster_id="c", tick=2)] == ["new"]
+
+
+# ---- the trailing latency window ----------------------------------------------------------------
+# TTFT buckets (0.05, 0.1, 0.5, 1.0, 2.5, +Inf), cumulative: pair 1 adds 100 fast TTFTs (<= 0.05 s),
+# pair 2 adds 10 in (1.0, 2.5], pair 3 adds 90 in (0.1, 0.5]; scrapes at 100, 115, 130, 145
+WINDOW_STEPS = [
+    {"/m": page(gen=0, ttft=(0, 0, 0, 0, 0, 0))},
+    {"/m": page(gen=1500, ttft=(100, 100, 100, 100, 100, 100))},
+    {"/m": page(gen=1500, ttft=(100, 100, 100, 100, 110, 110))},
+    {"/m": page(gen=3000, ttft=(100, 100, 190, 190, 200, 200))},
+]
+PAIR_P99 = [1e3 * 0.05 * 0.99, 1e3 * (1.0 + 1.5 * 9.9 / 10), 1e3 * (0.1 + 0.4 * 89.1 / 90)]  # each pair alone
+
+
+def test_trailing_window_p99_merges_the_pairs_in_the_window(server: MetricsServer, client: httpx.Client) -> None:
+    obs, _ = observe(server, client, [target(server, "r", "/m")], WINDOW_STEPS, window_s=30.0)
+    [w] = obs.telemetry(0, 1e9, cluster_id="c", tick=1)
+    assert w.times == [115.0, 130.0, 145.0]
+    assert w.series["p99_ttft_ms"] == pytest.approx([
+        PAIR_P99[0],  # at 115 the history (from 100) is shorter than 30 s: pair 1 alone
+        1e3 * (1.0 + 1.5 * (108.9 - 100) / 10),  # at 130, from 100: pairs 1+2, rank 108.9 of 110
+        1e3 * (1.0 + 1.5 * (99 - 90) / 10),  # at 145, from 115: pairs 2+3, rank 99 of 100 (pair 3 alone: 496 ms)
+    ])  # fmt: skip
+    assert w.series["throughput_tokens_per_sec"] == pytest.approx([100.0, 0.0, 100.0])  # per pair, as the simulator
+    assert obs.problem_counts.total() == 0, list(obs.problems)
+    # the default window (the simulator's 120 s) holds all three pairs at 145: rank 198 of 200
+    obs, _ = observe(server, client, [target(server, "r", "/m")], WINDOW_STEPS)
+    [w] = obs.telemetry(140, 1e9, cluster_id="c", tick=1)
+    assert obs.window_s == WINDOW_S == 120.0 and w.series["p99_ttft_ms"] == pytest.approx([1e3 * 2.2])
+
+
+def test_window_zero_is_the_per_pair_p99(server: MetricsServer, client: httpx.Client) -> None:
+    obs, _ = observe(server, client, [target(server, "r", "/m")], WINDOW_STEPS, window_s=0)
+    [w] = obs.telemetry(0, 1e9, cluster_id="c", tick=1)
+    assert w.series["p99_ttft_ms"] == pytest.approx(PAIR_P99)
+    assert w.series["throughput_tokens_per_sec"] == pytest.approx([100.0, 0.0, 100.0])
+    # a window shorter than the scrape period is the per-pair p99 too (the last pair is always in it)
+    obs, _ = observe(server, client, [target(server, "r", "/m")], WINDOW_STEPS, window_s=10.0)
+    assert obs.telemetry(0, 1e9, cluster_id="c", tick=1)[0].series["p99_ttft_ms"] == pytest.approx(PAIR_P99)
+    with pytest.raises(ValueError, match="window_s"):
+        VllmMetricsObserver([], client=client, window_s=-1.0)
+
+
+def test_simulator_window_is_the_default() -> None:
+    from koi.sim.telemetry import WINDOW_S as SIM_WINDOW_S
+
+    assert WINDOW_S == SIM_WINDOW_S
+
+
+def test_counter_reset_inside_the_window(server: MetricsServer, client: httpx.Client) -> None:
+    # 50 old fast TTFTs before the first scrape; the engine restarts between 115 and 130, so its counts
+    # start again from 0: the end-to-end delta 145 - 100 would be negative in the fast buckets
+    steps = [
+        {"/m": page(gen=1000, ttft=(50, 50, 50, 50, 50, 50))},
+        {"/m": page(gen=2500, ttft=(150, 150, 150, 150, 150, 150))},  # +100 fast
+        {"/m": page(gen=300, ttft=(0, 0, 0, 0, 10, 10))},  # restarted: 10 in (1.0, 2.5] since
+        {"/m": page(gen=900, ttft=(0, 0, 90, 90, 100, 100))},  # +90 in (0.1, 0.5]
+    ]
+    obs, _ = observe(server, client, [target(server, "r", "/m")], steps)
+    [w] = obs.telemetry(0, 1e9, cluster_id="c", tick=1)
+    # the window (from 100) sums the reset-aware pair deltas: the same 100 + 10 + 90 as WINDOW_STEPS
+    assert w.series["p99_ttft_ms"] == pytest.approx([PAIR_P99[0], 1e3 * (1.0 + 1.5 * 8.9 / 10), 1e3 * 2.2])
+    assert w.series["throughput_tokens_per_sec"] == pytest.approx([100.0, 20.0, 40.0])
+    # one note per reset (the TTFT histogram and the token counter), not one per window holding it
+    assert obs.problem_counts["counter_reset"] == 2 and obs.problem_counts.total() == 2
+
+
+def test_window_restarts_after_a_gap(server: MetricsServer, client: httpx.Client) -> None:
+    clock = Clock()
+    obs = VllmMetricsObserver([target(server, "r", "/m")], client=client, clock=clock, max_gap_s=20.0)
+    for t, pages in zip((100.0, 115.0, 140.0, 155.0, 170.0), WINDOW_STEPS + [{"/m": page(
+            gen=3000, ttft=(100, 100, 190, 190, 210, 210))}], strict=True):  # fmt: skip
+        clock.t = t
+        server.pages.update(pages)
+        obs.scrape()
+    [w] = obs.telemetry(0, 1e9, cluster_id="c", tick=1)
+    # 115 -> 140 is a gap: no sample, and the window starts again at 140, the oldest scrape after it
+    assert w.times == [115.0, 155.0, 170.0] and obs.problem_counts["gap"] == 1
+    # 155: pair 3 alone, not pair 1's fast requests; 170: pair 3 + 10 more in (1.0, 2.5]: rank 99 of 100
+    assert w.series["p99_ttft_ms"] == pytest.approx([PAIR_P99[0], PAIR_P99[2], 1e3 * (1.0 + 1.5 * 9 / 10)])
+
+
+def test_window_buffer_is_bounded(server: MetricsServer, client: httpx.Client) -> None:
+    # pairs that ended at or before t - window_s are dropped: window_s=30 at a 15-s period keeps 2
+    obs, _ = observe(server, client, [target(server, "r", "/m")], WINDOW_STEPS * 3, window_s=30.0)
+    [st] = obs._ranks.values()
+    assert [t for t, _ in st.pairs] == [250.0, 265.0] and "window_truncated" not in obs.problem_counts
+    # max_samples pairs cannot cover the window: the window is the last max_samples pairs, noted once
+    obs, _ = observe(server, client, [target(server, "r", "/m")], WINDOW_STEPS, max_samples=2)
+    [w] = obs.telemetry(0, 1e9, cluster_id="c", tick=1)
+    assert w.series["p99_ttft_ms"][-1] == pytest.approx(1e3 * 2.35)  # pairs 2+3, not all three (2.2)
+    assert obs.problem_counts["window_truncated"] == 1
+    assert len(obs._ranks[("job-a", "r")].pairs) == 2
