@@ -286,8 +286,9 @@ class Ec2Fleet:
                           base=max(r.replicas) + 1, count=add, target=n_replicas, gen=gen,
                           weight=float(r.head[T_WEIGHT]) if T_WEIGHT in r.head else None, last_key=tv)
             keep = sorted(i["InstanceId"] for i in present if i["InstanceId"] not in killed)
-            self._client(pool.env.region).create_tags(Resources=keep, Tags=_tag_list(
-                {T_REPLICAS: str(n_replicas), T_GEN: str(gen), T_LAST_KEY: tv}))
+            if keep:  # every old replica broken: the new ones carry the target themselves
+                self._client(pool.env.region).create_tags(Resources=keep, Tags=_tag_list(
+                    {T_REPLICAS: str(n_replicas), T_GEN: str(gen), T_LAST_KEY: tv}))
         except ClientError as e:
             reason = _aws_reason(e)
             log.warning("aws.scale.failed", reason=reason)

@@ -249,3 +249,20 @@ def test_state_and_tag_helpers():
     t = spec_tags(big(1, mechanism_id="m" * 300))
     assert len(t) > 1 and all(len(v) <= 256 for v in t.values()) and T_SPEC in t
     assert rank_from_tags({**t, "koi:replicas": "3"}) == big(3, mechanism_id="m" * 300)
+
+
+def test_a_rank_whose_every_replica_broke_is_rebuilt_by_scale(fleet, cluster, client_factory):
+    rank = big(2)  # two replicas of two p5 nodes each
+    rid = rank.rank_id("job-1")
+    fleet.launch(job(), rank, "k-b")
+    by_replica: dict[str, list[str]] = {}
+    for i in instances(client_factory, cluster):
+        by_replica.setdefault(tags(i)["koi:replica"], []).append(i["InstanceId"])
+    client_factory(REGION).terminate_instances(InstanceIds=[ids[0] for ids in by_replica.values()])  # one node each
+    [dep] = fleet.deployments()
+    assert dep.state is DeploymentState.DEGRADED and dep.replicas_ready == 0
+    assert fleet.scale("job-1", rid, 2, "k-rebuild").status is LaunchStatus.LAUNCHED
+    [dep] = fleet.deployments()
+    assert dep.state is DeploymentState.SERVING and dep.replicas_ready == 2 and dep.rank.n_replicas == 2
+    live = instances(client_factory, cluster)
+    assert len(live) == 4 and {tags(i)["koi:replica"] for i in live} == {"2", "3"}  # the half replicas are gone
