@@ -237,3 +237,27 @@ def test_s1_stores_the_windows_scraped_from_the_engines_of_ranks_launched_on_ec2
         if "provider" in locals():
             provider.close()
         server.close()
+
+
+def test_koi_fleet_show_reads_pools_and_ranks_from_ec2(tmp_path, moto_endpoint, ec2_factory):
+    import json
+
+    from infra.aws import Ec2Fleet
+    from koi.cli import app
+
+    f = tmp_path / "fleet.yaml"
+    f.write_text(FLEET_YAML + f"endpoint_url: {moto_endpoint}\n")
+    cluster = f"c-{uuid.uuid4().hex[:8]}"
+    ec2 = Ec2Fleet(cluster, load_fleet(f).resources, client_factory=ec2_factory, image_id="ami-0123456789abcdef0")
+    rank = Rank(env=ENV, config=ChainConfig(instance_type="g6.xlarge"), n_replicas=3)
+    assert ec2.launch(job(0), rank, "k-show").status.value == "launched"
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
+    r = CliRunner().invoke(app, ["fleet", "show", "--fleet", str(f), "--cluster", cluster, "--json"], env=creds)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["pools"] == [{"pool": ENV.env_id + "/g6.xlarge", "instance_type": "g6.xlarge", "market": "on_demand",
+                             "budget": 4, "used": 3, "free": 1}]
+    [rk] = doc["ranks"]
+    assert (rk["job"], rk["rank"], rk["replicas"], rk["state"]) == ("job-0", rank.rank_id("job-0"), 3, "serving")
+    r = CliRunner().invoke(app, ["fleet", "show", "--fleet", str(tmp_path / "nope.yaml")])
+    assert r.exit_code == 2 and "cannot read fleet file" in r.output

@@ -1,0 +1,67 @@
+"""``koi fleet``: what a real fleet holds for a cluster, read from the cloud (before and while workers run on it).
+
+``koi fleet show --fleet fleet.yaml --cluster koi-prod`` checks the fleet file, reaches EC2 with the credentials the
+workers will use, and lists each pool's budget and what the cluster's instances occupy, then each rank Koi runs
+there (job, replicas ready of the target, state). Nothing is changed. It is the dry run an operator wants before
+``koi worker --world aws`` and the first place to look when a tick says a launch was refused.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from koi.cli.output import console, emit, fail, print_json
+
+app = typer.Typer(help="A real fleet as the cloud holds it (infra/cloud.py).", no_args_is_help=True)
+
+
+@app.command("show")
+def show(
+    fleet: str | None = typer.Option(None, help="the fleet file (default KOI_FLEET_FILE)"),
+    cluster: str | None = typer.Option(None, help="cluster id (default KOI_CLUSTER_ID)"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Pools (budget, used, free) and the cluster's ranks, read from EC2; changes nothing."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from infra.aws import Ec2Fleet
+    from infra.cloud import FleetError, ec2_client_factory, load_fleet
+    from koi.config import get_settings
+
+    s = get_settings()
+    path = fleet or s.fleet_file
+    if not path:
+        fail("no fleet file: --fleet PATH or KOI_FLEET_FILE")
+        return
+    try:
+        spec = load_fleet(path)
+    except FleetError as exc:
+        fail(str(exc))
+        return
+    cluster_id = cluster or s.cluster_id
+    ec2 = Ec2Fleet(cluster_id, spec.resources, client_factory=ec2_client_factory(spec.endpoint_url),
+                   image_id=spec.image_id)
+    try:
+        free = {p.pool_id: p.free_instances for p in ec2.capacity().pools}
+        deps = ec2.deployments()
+    except (BotoCoreError, ClientError) as exc:
+        fail(f"cannot read the fleet from EC2: {type(exc).__name__}: {exc}")
+        return
+    pools = [{"pool": p.pool_id, "instance_type": p.instance_type, "market": p.env.market.value,
+              "budget": p.total_instances, "used": p.total_instances - free[p.pool_id], "free": free[p.pool_id]}
+             for p in spec.pools]
+    ranks = [{"job": d.job_id, "rank": d.rank_id, "env": d.rank.env.env_id,
+              "instance_type": d.rank.config.instance_type, "replicas_ready": d.replicas_ready,
+              "replicas": d.rank.n_replicas, "state": d.state.value} for d in deps]
+    if json_out:
+        print_json({"cluster": cluster_id, "pools": pools, "ranks": ranks})
+        return
+    emit(pools, False, title=f"fleet of cluster {cluster_id}: pools")
+    if ranks:
+        emit(ranks, False, title="ranks")
+    else:
+        console.print("no ranks: Koi runs nothing on this fleet for this cluster")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="fleet")
