@@ -16,18 +16,20 @@ JSON = typer.Option(False, "--json", help="print one JSON document")
 
 def worker(
     queue: list[str] = typer.Option(["ticks", "planning"], "--queue", "-q", help="task queues to serve: ticks, planning"),
-    world: str = typer.Option("sim", help="sim (the simulator, checkpointed in the store), aws (EC2 and the "
-                                            "engines' vLLM metrics) or ledger"),
+    world: str | None = typer.Option(None, help="sim (the simulator, checkpointed in the store), aws (EC2 and the "
+                                                 "engines' vLLM metrics) or ledger; default KOI_WORLD (sim)"),
     fleet: str | None = typer.Option(None, help="aws: the fleet file (pools, image, metrics port; docs/OPS.md); "
                                                 "default KOI_FLEET_FILE"),
     launch_delay: float = typer.Option(0.0, help="sim: real seconds each launch takes (like a cloud API call)"),
 ) -> None:
     """Run a worker: the tick and planning task queues, until SIGINT/SIGTERM."""
+    from koi.config import get_settings
     from koi.logging import configure
     from workers.main import run_worker
     from workers.runtime import build_runtime
 
     configure()
+    world = world or get_settings().world
     opts: dict = {"world_options": {"launch_delay_s": launch_delay}} if world == "sim" else {}
     if world == "ledger":
         fail("the ledger world needs a resource map; it is for tests (use --world sim)")
