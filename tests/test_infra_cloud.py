@@ -261,3 +261,15 @@ def test_koi_fleet_show_reads_pools_and_ranks_from_ec2(tmp_path, moto_endpoint, 
     assert (rk["job"], rk["rank"], rk["replicas"], rk["state"]) == ("job-0", rank.rank_id("job-0"), 3, "serving")
     r = CliRunner().invoke(app, ["fleet", "show", "--fleet", str(tmp_path / "nope.yaml")])
     assert r.exit_code == 2 and "cannot read fleet file" in r.output
+
+
+def test_a_real_fleet_cluster_starts_live_and_refuses_simulated_mode():
+    from koi.cli import app
+    from koi.config import get_settings
+
+    get_settings.cache_clear()
+    try:
+        r = CliRunner().invoke(app, ["cluster", "start", "--mode", "simulated"], env={"KOI_WORLD": "aws"})
+        assert r.exit_code == 2 and "--mode live" in r.output  # refused before any Temporal call
+    finally:
+        get_settings.cache_clear()

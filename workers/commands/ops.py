@@ -215,7 +215,8 @@ cluster_app = typer.Typer(help="Start or stop the cluster workflow.", no_args_is
 @cluster_app.command("start")
 def cluster_start(
     cluster: str | None = CLUSTER,
-    mode: str = typer.Option("simulated", help="simulated (advance the world per tick) or live (wall-clock timer)"),
+    mode: str | None = typer.Option(None, help="simulated (advance the world per tick) or live (wall-clock timer); "
+                                               "default: live when KOI_WORLD=aws, else simulated"),
     scenario: str = typer.Option("demo", help="the simulated world: a scenario name or a YAML path"),
     interval: float | None = typer.Option(None, help="tick interval, seconds (default KOI_TICK_INTERVAL_S)"),
     pace: float = typer.Option(0.0, help="simulated mode: real seconds between ticks"),
@@ -225,8 +226,16 @@ def cluster_start(
     json_out: bool = JSON,
 ) -> None:
     """Start the cluster workflow (nothing happens when it already runs)."""
+    from koi.config import get_settings
+
+    world = get_settings().world
+    mode = mode or ("live" if world == "aws" else "simulated")
     if mode not in ("simulated", "live"):
         fail("--mode is simulated or live")
+    if world == "aws" and mode == "simulated":
+        # simulated mode ticks as fast as the stages run: on a real fleet that is a plan (and maybe a swap)
+        # every few seconds, with no time for telemetry to accrue between them
+        fail("KOI_WORLD=aws is a real fleet on the wall clock: start the cluster with --mode live")
     cid = _cluster(cluster)
 
     async def go(client: Any) -> Any:
