@@ -229,11 +229,9 @@ class Ec2Fleet:
                 return result(LaunchStatus.DUPLICATE, len(done), "already applied")
             if self._describe(region, {T_RANK: rid}, PRESENT):
                 return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
-            nodes = self._nodes(rank, pool)
-            need, free = nodes * rank.n_replicas, self._free(pool)
-            if free < need:
-                reason = (f"pool {pool.pool_id}: {rank.n_replicas} replica(s) need {need} instance(s), "
-                          f"{free} of {pool.total_instances} free")
+            need = self._nodes(rank, pool) * rank.n_replicas
+            reason = self._short(pool, need, f"{rank.n_replicas} replica(s)")
+            if reason:
                 log.warning("aws.launch.failed", reason=reason)
                 return result(LaunchStatus.FAILED, reason=reason)
             self._run(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
@@ -271,13 +269,10 @@ class Ec2Fleet:
             alive = r.alive()
             drop = r.broken() + alive[n_replicas:]
             add = max(0, n_replicas - len(alive))
-            if add:
-                need, free = add * r.nodes, self._free(pool)
-                if free < need:
-                    reason = (f"pool {pool.pool_id}: {add} more replica(s) need {need} instance(s), "
-                              f"{free} of {pool.total_instances} free")
-                    log.warning("aws.scale.failed", reason=reason)
-                    return result(LaunchStatus.FAILED, reason=reason)
+            reason = self._short(pool, add * r.nodes, f"{add} more replica(s)") if add else None
+            if reason:
+                log.warning("aws.scale.failed", reason=reason)
+                return result(LaunchStatus.FAILED, reason=reason)
             killed = {i["InstanceId"] for x in drop for i in r.replicas[x]}
             gen = int(r.head.get(T_GEN, "0")) + 1
             self._terminate(pool.env.region, sorted(killed))
@@ -359,6 +354,13 @@ class Ec2Fleet:
 
     def _describe_all(self, tags: Mapping[str, str], states: Iterable[str] | None) -> list[dict[str, Any]]:
         return [i for insts in self._describe_by_region(tags, states).values() for i in insts]
+
+    def _short(self, pool: Pool, need: int, what: str) -> str | None:
+        """Why ``need`` more instances do not fit in the pool's budget, or None when they do."""
+        free = self._free(pool)
+        if free >= need:
+            return None
+        return f"pool {pool.pool_id}: {what} need {need} instance(s), {free} of {pool.total_instances} free"
 
     def _free(self, pool: Pool) -> int:
         used = len(self._describe(pool.env.region, {T_POOL: pool.pool_id}, OCCUPYING))
