@@ -42,7 +42,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from koi.domain import Deployment, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from koi.domain.cluster import deployment_state
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
 
@@ -96,11 +97,7 @@ def rank_from_tags(tags: Mapping[str, str]) -> Rank:
     return Rank.model_validate(d)
 
 
-def rank_state(alive: int, ready: int, target: int) -> DeploymentState:
-    """DEGRADED below target (a replica lost or broken), else SERVING once every replica runs."""
-    if alive < target:
-        return DeploymentState.DEGRADED
-    return DeploymentState.SERVING if ready >= alive else DeploymentState.LAUNCHING
+rank_state = deployment_state  # koi.domain.cluster: the one rule for both clouds
 
 
 def _tags(inst: Mapping[str, Any]) -> dict[str, str]:

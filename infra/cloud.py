@@ -1,20 +1,22 @@
-"""A real fleet behind Koi's ports: EC2 launches and counts the instances, vLLM's ``/metrics`` says how they serve.
+"""A real fleet behind Koi's ports: a cloud launches and counts the instances, vLLM's ``/metrics`` says how they serve.
 
-``koi worker --world aws --fleet fleet.yaml`` runs the tick pipeline against it; everything else — the store,
-Temporal, the planner, S5's checks, the deploy log and its fence — is what the simulated world uses.
+``koi worker --world aws|gcp --fleet fleet.yaml`` runs the tick pipeline against Amazon EC2 or Google Compute
+Engine; everything else — the store, Temporal, the planner, S5's checks, the deploy log and its fence — is what
+the simulated world uses.
 
 - :class:`FleetSpec` (YAML): the pools the cluster may use (a pool is a cloud × region × zone × market ×
   instance type with an instance budget and a price; Koi's planner never launches outside them), the machine
-  image that starts vLLM, extra ``run_instances`` arguments (subnet, security groups, instance profile, user
-  data), an EC2 endpoint (LocalStack, moto; empty for AWS itself) and where the engines' metrics are served.
-- :class:`CloudWorld`: the Executor and the capacity/deployments half of the Observer are
-  :class:`infra.aws.Ec2Fleet`; telemetry is :class:`infra.vllm_metrics.VllmMetricsObserver`, whose scrape
-  targets are each ready replica's head node (:meth:`infra.aws.Ec2Fleet.engine_hosts`). ``advance`` does
-  nothing: a real fleet's clock is the wall clock (the cluster workflow's ``live`` mode waits the tick
-  interval in a Temporal timer).
-- :class:`CloudWorldProvider`: the provider the pipeline opens the world through. The state is EC2's (the
-  instances' tags), so a checkpoint holds only the wall-clock time a tick was recorded at — it keeps the
-  provider's tick bookkeeping (``current_tick``, the fence's "already advanced") the same as for the simulator.
+  image that starts vLLM, extra launch arguments (subnet, security groups, service account, start-up script),
+  the GCP project, a private API endpoint (LocalStack, moto) and where the engines' metrics are served.
+- :class:`CloudWorld`: the Executor and the capacity/deployments half of the Observer are the cloud's fleet
+  (:func:`make_fleet`: :class:`infra.aws.Ec2Fleet`, :class:`infra.gcp.GceFleet`); telemetry is
+  :class:`infra.vllm_metrics.VllmMetricsObserver`, whose scrape targets are each ready replica's head node
+  (the fleet's ``engine_hosts``). ``advance`` does nothing: a real fleet's clock is the wall clock (the cluster
+  workflow's ``live`` mode waits the tick interval in a Temporal timer).
+- :class:`CloudWorldProvider`: the provider the pipeline opens the world through. The state is the cloud's (the
+  instances' tags, labels and metadata), so a checkpoint holds only the wall-clock time a tick was recorded at —
+  it keeps the provider's tick bookkeeping (``current_tick``, the fence's "already advanced") the same as for the
+  simulator.
 
 Choices:
 
@@ -23,8 +25,8 @@ Choices:
    process: S1 of tick t reads the scrapes of (t − 1, t] from memory. A worker that restarts loses the samples
    of the interval it was down for, and S1 then gets fewer (or no) windows for that tick — S2 handles a rank
    without a window as "no evidence", never as an error. Several workers each scrape; each has what it needs.
-2. **Scrape targets are re-read from EC2** at most once per ``targets_ttl_s`` (60 s), not on every scrape: a
-   rank launched this tick is scraped from the next refresh, and EC2's API is not called every 15 s.
+2. **Scrape targets are re-read from the cloud** at most once per ``targets_ttl_s`` (60 s), not on every
+   scrape: a rank launched this tick is scraped from the next refresh, and the cloud's API is not called every 15 s.
 3. **Telemetry from a world opened read-only works too**: the provider's worlds share the cluster's scraper.
 """
 
@@ -36,12 +38,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError
 
-from infra.aws import DEFAULT_IMAGE, Ec2Fleet
+from infra.aws import Ec2Fleet
 from infra.vllm_metrics import ScrapeTarget, VllmMetricsObserver
 from koi.domain import Deployment, Job, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.domain.common import KoiModel
@@ -57,11 +59,17 @@ class FleetError(ValueError):
 
 class FleetSpec(KoiModel):
     pools: list[Pool] = Field(min_length=1, description="what the cluster may launch: Koi never leaves these")
-    image_id: str = Field(default=DEFAULT_IMAGE, min_length=1, description="the AMI that boots vLLM")
+    image_id: str | None = Field(default=None, min_length=1,
+                                 description="the machine image that boots vLLM (an AMI; a GCE image URL); None: "
+                                             "each cloud's deep-learning image")
+    project: str | None = Field(default=None, min_length=1, description="gcp: the project the instances live in")
     run_args: dict[str, Any] = Field(default_factory=dict,
-                                     description="merged into every run_instances: SubnetId, SecurityGroupIds, "
-                                                 "IamInstanceProfile, UserData that starts the engine, ...")
-    endpoint_url: str | None = Field(default=None, description="EC2 API endpoint (LocalStack, moto); None: AWS")
+                                     description="merged into every launch: aws run_instances arguments (SubnetId, "
+                                                 "SecurityGroupIds, IamInstanceProfile, UserData that starts the "
+                                                 "engine, ...); gcp compute_v1.Instance fields (metadata, "
+                                                 "network_interfaces, service_accounts, ...)")
+    endpoint_url: str | None = Field(default=None, description="the cloud API's endpoint (LocalStack, moto, a "
+                                                               "private endpoint); None: the cloud's own")
     metrics_port: int = Field(default=8000, ge=1, le=65535, description="vLLM's OpenAI server port")
     metrics_path: str = "/metrics"
     scrape_every_s: float = Field(default=15.0, gt=0)
@@ -103,6 +111,37 @@ def ec2_client_factory(endpoint_url: str | None = None, **client_kw: Any) -> Cal
     return make
 
 
+Cloud = Literal["aws", "gcp"]
+
+
+def gce_client(endpoint_url: str | None = None) -> Any:
+    """A Compute Engine InstancesClient over REST (default credentials; ``endpoint_url``: a private endpoint)."""
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import compute_v1
+
+    return compute_v1.InstancesClient(transport="rest", client_options=ClientOptions(api_endpoint=endpoint_url)
+                                      if endpoint_url else None)
+
+
+def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callable[[], float] = time.time,
+               client: Any = None) -> Any:
+    """The executor of ``cloud`` for one cluster: :class:`infra.aws.Ec2Fleet` or :class:`infra.gcp.GceFleet`.
+    ``client``: aws, ``region -> EC2 client``; gcp, an ``InstancesClient`` (default: from ``spec.endpoint_url``)."""
+    if cloud == "aws":
+        kw = {"image_id": spec.image_id} if spec.image_id else {}
+        return Ec2Fleet(cluster_id, spec.resources, client_factory=client or ec2_client_factory(spec.endpoint_url),
+                        clock=clock, run_args=spec.run_args, **kw)
+    if cloud == "gcp":
+        from infra.gcp import GceFleet
+
+        if not spec.project:
+            raise FleetError("the gcp world needs 'project' in the fleet file")
+        kw = {"image": spec.image_id} if spec.image_id else {}
+        return GceFleet(cluster_id, spec.resources, project=spec.project, client=client or gce_client(spec.endpoint_url),
+                        clock=clock, insert_args=spec.run_args, **kw)
+    raise FleetError(f"unknown cloud {cloud!r}: aws or gcp")
+
+
 class Scraper:
     """Scrapes one cluster's engines every ``every_s`` in a daemon thread (choice 1)."""
 
@@ -131,9 +170,9 @@ class Scraper:
 
 
 class CloudWorld:
-    """EC2 + vLLM metrics behind the ports (module docstring)."""
+    """A cloud's executor (EC2, Compute Engine) + vLLM metrics behind the ports (module docstring)."""
 
-    def __init__(self, fleet: Ec2Fleet, metrics: VllmMetricsObserver | None = None,
+    def __init__(self, fleet: Any, metrics: VllmMetricsObserver | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.fleet, self.metrics, self._clock = fleet, metrics, clock
 
@@ -174,7 +213,7 @@ class CloudWorld:
         return self.fleet.reweight(job_id, rank_id, route_weight, idempotency_key)
 
 
-def scrape_targets(fleet: Ec2Fleet, spec: FleetSpec) -> Callable[[], Sequence[ScrapeTarget]]:
+def scrape_targets(fleet: Any, spec: FleetSpec) -> Callable[[], Sequence[ScrapeTarget]]:
     """The engines to scrape, re-read from EC2 at most every ``targets_ttl_s`` (choice 2)."""
     cache: dict[str, Any] = {"at": None, "targets": []}
 
@@ -193,19 +232,22 @@ def scrape_targets(fleet: Ec2Fleet, spec: FleetSpec) -> Callable[[], Sequence[Sc
 
 
 class CloudWorldProvider:
-    """The pipeline's world provider over EC2 (:class:`koi.pipeline.world.WorldProvider`).
+    """The pipeline's world provider over a cloud (:class:`koi.pipeline.world.WorldProvider`).
 
-    EC2 holds the state, so each unit of work gets a fresh :class:`CloudWorld` for its cluster; the store keeps
+    The cloud holds the state, so each unit of work gets a fresh :class:`CloudWorld` for its cluster; the store keeps
     one row per tick (``W_world``, an empty checkpoint with the wall-clock time) so that ``current_tick`` and a
     retried ``advance`` behave as they do for the simulator. A world opened "as of" an older tick (a reset, a
     replay) is today's fleet: the cloud keeps no history, the store's stage outputs do. ``scrape=False``: no
     metrics thread (tests, a dry run of the executor).
     """
 
-    def __init__(self, spec: FleetSpec, *, client_factory: Callable[[str], Any] | None = None,
-                 clock: Callable[[], float] = time.time, scrape: bool = True) -> None:
-        self.spec, self.clock, self.scrape = spec, clock, scrape
-        self.factory = client_factory or ec2_client_factory(spec.endpoint_url)
+    def __init__(self, spec: FleetSpec, *, cloud: Cloud = "aws", client: Any = None,
+                 client_factory: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.time,
+                 scrape: bool = True) -> None:
+        self.spec, self.cloud, self.clock, self.scrape = spec, cloud, clock, scrape
+        self.client = client or client_factory  # aws: region -> EC2 client; gcp: an InstancesClient
+        if cloud == "gcp" and not spec.project:
+            raise FleetError("the gcp world needs 'project' in the fleet file")
         self.scrapers: dict[str, Scraper] = {}
         self._lock = threading.Lock()
         if scrape:  # httpx logs every request at INFO: 400 engines every 15 s would drown the worker's log
@@ -213,8 +255,7 @@ class CloudWorldProvider:
 
     def world(self, cluster_id: str) -> CloudWorld:
         spec = self.spec
-        fleet = Ec2Fleet(cluster_id, spec.resources, client_factory=self.factory, image_id=spec.image_id,
-                         clock=self.clock, run_args=spec.run_args)
+        fleet = make_fleet(spec, cluster_id, self.cloud, clock=self.clock, client=self.client)
         if not self.scrape:
             return CloudWorld(fleet, None, self.clock)
         with self._lock:

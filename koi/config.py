@@ -32,9 +32,10 @@ class Settings(BaseSettings):
     tick_task_queue: str = "koi-ticks"
     plan_task_queue: str = "koi-planning"
     cluster_id: str = "koi-dev"
-    world: Literal["sim", "aws"] = Field(default="sim", description="what `koi worker` runs the ticks against: the "
-                                         "simulated fleet or Amazon EC2 (then fleet_file)")
-    fleet_file: Path | None = Field(default=None, description="the aws world's fleet file (infra/cloud.py FleetSpec)")
+    world: Literal["sim", "aws", "gcp"] = Field(default="sim", description="what `koi worker` runs the ticks "
+                                                "against: the simulated fleet, Amazon EC2 or Google Compute Engine "
+                                                "(then fleet_file)")
+    fleet_file: Path | None = Field(default=None, description="a real world's fleet file (infra/cloud.py FleetSpec)")
     tick_interval_s: float = Field(default=300.0, gt=0, description="planning tick (Appendix B: ~300 s)")
 
     # ---- LLM (the RLM planner) ------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The two ports between Koi and a fleet: an Executor that changes it, an Observer that reads it.
 
 ``infra/`` implements them: over the simulator (``infra/sim.py``, the embedded default and every
-benchmark), over a cloud API (Amazon EC2 via boto3, ``infra/aws.py``) and over engine metrics
-(vLLM's Prometheus endpoint, ``infra/vllm_metrics.py``), the last two joined in ``infra/cloud.py``.
-Koi's stages only ever see these protocols, so the same tick runs against the simulated world
-and a real one. (No GCP executor yet: ``google-cloud-compute`` is a dependency for it.)
+benchmark), over a cloud API (Amazon EC2 via boto3, ``infra/aws.py``; Google Compute Engine via
+google-cloud-compute, ``infra/gcp.py``) and over engine metrics (vLLM's Prometheus endpoint,
+``infra/vllm_metrics.py``), joined in ``infra/cloud.py``. Koi's stages only ever see these
+protocols, so the same tick runs against the simulated world and a real one.
 
 Deploy is idempotent: every launch carries an idempotency key (cluster, tick, job,
 rank); an executor that has already applied a key returns the earlier result

@@ -273,3 +273,41 @@ def test_a_real_fleet_cluster_starts_live_and_refuses_simulated_mode():
         assert r.exit_code == 2 and "--mode live" in r.output  # refused before any Temporal call
     finally:
         get_settings.cache_clear()
+
+
+def test_ticks_launch_on_compute_engine_through_the_same_provider(tmp_path):
+    """The gcp world: the same pipeline and provider, Compute Engine's REST API (a loopback fake of it)."""
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import compute_v1
+
+    from tests.fakes.gce_server import FakeGceServer
+
+    gce_env = Environment(cloud="gcp", region="us-central1", zone="us-central1-a", market="spot", gpu_type="L4")
+    spec = FleetSpec(pools=[Pool(env=gce_env, instance_type="g2-standard-4", gpus_per_instance=1, total_instances=4,
+                                 free_instances=4, hourly_price=0.28)], project="koi-test")
+    with FakeGceServer(zones=("us-central1-a",)) as server:
+        client = compute_v1.InstancesClient(transport="rest", client_options=ClientOptions(api_endpoint=server.url),
+                                            credentials=AnonymousCredentials())
+        rank = Rank(env=gce_env, config=ChainConfig(instance_type="g2-standard-4"), n_replicas=2)
+
+        def place(ctx: ProposeContext) -> Plan:
+            return Plan(actions=[Action(job_id=js.job.job_id, type=ActionType.PLACE, ladder=Ladder(ranks=[rank]))
+                                 if js.status.value == "pending" else Action(job_id=js.job.job_id, type=ActionType.KEEP)
+                                 for js in ctx.snapshot.jobs], proposer="place")
+
+        eng = make_engine(f"sqlite:///{tmp_path / 'koi.db'}")
+        init_db(eng)
+        rt = Runtime(engine=eng, world=CloudWorldProvider(spec, cloud="gcp", client=client, clock=Clock(), scrape=False),
+                     proposers={"p": place}, default_proposer="p",
+                     validator=lambda s, c, t, snap, plan: Verdict(valid=True, plan=plan),
+                     s2=lambda s, c, t: {}, s3=lambda s, c, t: {}, interval_s=60.0)
+        cluster = f"c-{uuid.uuid4().hex[:8]}"
+        out = run_ticks(rt, cluster, 3, jobs=[job(0), job(1)])
+        assert [r.outcome for r in out] == [TickOutcome.COMMITTED] * 3
+        assert out[0].deploy.launched == 2 and out[1].deploy.launched == out[2].deploy.launched == 0
+        assert sorted(d.job_id for d in out[-1].deployments) == ["job-0", "job-1"]
+        running = [i for i in server.all_instances() if i["status"] == "RUNNING"]
+        assert len(running) == 4 and all(i["scheduling"]["provisioningModel"] == "SPOT" for i in running)
+    with pytest.raises(FleetError, match="project"):
+        CloudWorldProvider(spec.model_copy(update={"project": None}), cloud="gcp")

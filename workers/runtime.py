@@ -9,8 +9,9 @@ from koi.pipeline.runtime import Runtime
 
 
 def build_runtime(settings: Settings | None = None, *, world: str = "sim", **kw: Any) -> Runtime:
-    """``world``: ``sim`` (the simulator, checkpointed in the store), ``aws`` (EC2 and the engines' vLLM metrics,
-    :mod:`infra.cloud`; ``fleet``: the fleet file, default ``KOI_FLEET_FILE``) or ``ledger`` (bookkeeping only)."""
+    """``world``: ``sim`` (the simulator, checkpointed in the store), ``aws`` / ``gcp`` (EC2 / Compute Engine and
+    the engines' vLLM metrics, :mod:`infra.cloud`; ``fleet``: the fleet file, default ``KOI_FLEET_FILE``) or
+    ``ledger`` (bookkeeping only)."""
     from koi.store import init_db, make_engine
 
     s = settings or get_settings()
@@ -18,19 +19,19 @@ def build_runtime(settings: Settings | None = None, *, world: str = "sim", **kw:
         from infra.sim import sim_world_provider
 
         provider = sim_world_provider(**kw.pop("world_options", {}))
-    elif world == "aws":
+    elif world in ("aws", "gcp"):
         from infra.cloud import CloudWorldProvider, load_fleet
 
         fleet = kw.pop("fleet", None) or s.fleet_file
         if fleet is None:
-            raise ValueError("the aws world needs a fleet file: --fleet PATH or KOI_FLEET_FILE")
-        provider = CloudWorldProvider(load_fleet(fleet), **kw.pop("world_options", {}))
+            raise ValueError(f"the {world} world needs a fleet file: --fleet PATH or KOI_FLEET_FILE")
+        provider = CloudWorldProvider(load_fleet(fleet), cloud=world, **kw.pop("world_options", {}))
     elif world == "ledger":
         from infra.ledger import ledger_provider
 
         provider = ledger_provider(kw.pop("resources"))
     else:
-        raise ValueError(f"unknown world {world!r}: sim, aws or ledger")
+        raise ValueError(f"unknown world {world!r}: sim, aws, gcp or ledger")
     engine = make_engine(s.resolved_database_url)  # after the world: a bad fleet file fails before the store is touched
     init_db(engine)
     kw.setdefault("interval_s", s.tick_interval_s)

@@ -111,6 +111,14 @@ class DeploymentState(StrEnum):
     TERMINATED = "terminated"
 
 
+def deployment_state(alive: int, ready: int, target: int) -> DeploymentState:
+    """A rank's state from its replicas as a cloud lists them: DEGRADED below target (a replica lost or
+    broken), else SERVING once every live replica runs, else LAUNCHING."""
+    if alive < target:
+        return DeploymentState.DEGRADED
+    return DeploymentState.SERVING if ready >= alive else DeploymentState.LAUNCHING
+
+
 class Deployment(KoiModel):
     """One rank of one job as it runs."""
 

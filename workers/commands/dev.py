@@ -16,9 +16,10 @@ JSON = typer.Option(False, "--json", help="print one JSON document")
 
 def worker(
     queue: list[str] = typer.Option(["ticks", "planning"], "--queue", "-q", help="task queues to serve: ticks, planning"),
-    world: str | None = typer.Option(None, help="sim (the simulator, checkpointed in the store), aws (EC2 and the "
-                                                 "engines' vLLM metrics) or ledger; default KOI_WORLD (sim)"),
-    fleet: str | None = typer.Option(None, help="aws: the fleet file (pools, image, metrics port; docs/OPS.md); "
+    world: str | None = typer.Option(None, help="sim (the simulator, checkpointed in the store), aws / gcp (EC2 / "
+                                                 "Compute Engine and the engines' vLLM metrics) or ledger; default "
+                                                 "KOI_WORLD (sim)"),
+    fleet: str | None = typer.Option(None, help="aws/gcp: the fleet file (pools, image, metrics port; docs/OPS.md); "
                                                 "default KOI_FLEET_FILE"),
     launch_delay: float = typer.Option(0.0, help="sim: real seconds each launch takes (like a cloud API call)"),
 ) -> None:
@@ -33,7 +34,7 @@ def worker(
     opts: dict = {"world_options": {"launch_delay_s": launch_delay}} if world == "sim" else {}
     if world == "ledger":
         fail("the ledger world needs a resource map; it is for tests (use --world sim)")
-    if world == "aws":
+    if world in ("aws", "gcp"):
         opts["fleet"] = fleet
     try:
         rt = build_runtime(world=world, **opts)

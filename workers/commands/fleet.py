@@ -1,9 +1,9 @@
-"""``koi fleet``: what a real fleet holds for a cluster, read from the cloud (before and while workers run on it).
+"""``koi fleet``: what a real fleet (EC2, Compute Engine) holds for a cluster, read from the cloud.
 
-``koi fleet show --fleet fleet.yaml --cluster koi-prod`` checks the fleet file, reaches EC2 with the credentials the
-workers will use, and lists each pool's budget and what the cluster's instances occupy, then each rank Koi runs
+``koi fleet show --fleet fleet.yaml --cluster koi-prod`` checks the fleet file, reaches the cloud with the
+credentials the workers will use, and lists each pool's budget and what the cluster's instances occupy, then each rank Koi runs
 there (job, replicas ready of the target, state). Nothing is changed. It is the dry run an operator wants before
-``koi worker --world aws`` and the first place to look when a tick says a launch was refused.
+``koi worker --world aws|gcp`` and the first place to look when a tick says a launch was refused.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ app = typer.Typer(help="A real fleet as the cloud holds it (infra/cloud.py).", n
 def show(
     fleet: str | None = typer.Option(None, help="the fleet file (default KOI_FLEET_FILE)"),
     cluster: str | None = typer.Option(None, help="cluster id (default KOI_CLUSTER_ID)"),
+    cloud: str | None = typer.Option(None, help="aws or gcp (default KOI_WORLD when it names one, else aws)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
-    """Pools (budget, used, free) and the cluster's ranks, read from EC2; changes nothing."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from infra.aws import Ec2Fleet
-    from infra.cloud import FleetError, ec2_client_factory, load_fleet
+    """Pools (budget, used, free) and the cluster's ranks, read from the cloud; changes nothing."""
+    from infra.cloud import FleetError, load_fleet, make_fleet
     from koi.config import get_settings
 
     s = get_settings()
@@ -39,13 +37,16 @@ def show(
         fail(str(exc))
         return
     cluster_id = cluster or s.cluster_id
-    ec2 = Ec2Fleet(cluster_id, spec.resources, client_factory=ec2_client_factory(spec.endpoint_url),
-                   image_id=spec.image_id)
+    cloud = cloud or (s.world if s.world != "sim" else "aws")
     try:
-        free = {p.pool_id: p.free_instances for p in ec2.capacity().pools}
-        deps = ec2.deployments()
-    except (BotoCoreError, ClientError) as exc:
-        fail(f"cannot read the fleet from EC2: {type(exc).__name__}: {exc}")
+        fleet_ = make_fleet(spec, cluster_id, cloud)  # type: ignore[arg-type]
+        free = {p.pool_id: p.free_instances for p in fleet_.capacity().pools}
+        deps = fleet_.deployments()
+    except FleetError as exc:
+        fail(str(exc))
+        return
+    except Exception as exc:  # noqa: BLE001 - the cloud SDK's errors (credentials, network, API): report, exit 2
+        fail(f"cannot read the fleet from {cloud}: {type(exc).__name__}: {exc}")
         return
     pools = [{"pool": p.pool_id, "instance_type": p.instance_type, "market": p.env.market.value,
               "budget": p.total_instances, "used": p.total_instances - free[p.pool_id], "free": free[p.pool_id]}

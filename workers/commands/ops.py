@@ -216,7 +216,7 @@ cluster_app = typer.Typer(help="Start or stop the cluster workflow.", no_args_is
 def cluster_start(
     cluster: str | None = CLUSTER,
     mode: str | None = typer.Option(None, help="simulated (advance the world per tick) or live (wall-clock timer); "
-                                               "default: live when KOI_WORLD=aws, else simulated"),
+                                               "default: live on a real fleet (KOI_WORLD=aws|gcp), else simulated"),
     scenario: str = typer.Option("demo", help="the simulated world: a scenario name or a YAML path"),
     interval: float | None = typer.Option(None, help="tick interval, seconds (default KOI_TICK_INTERVAL_S)"),
     pace: float = typer.Option(0.0, help="simulated mode: real seconds between ticks"),
@@ -229,13 +229,13 @@ def cluster_start(
     from koi.config import get_settings
 
     world = get_settings().world
-    mode = mode or ("live" if world == "aws" else "simulated")
+    mode = mode or ("simulated" if world == "sim" else "live")
     if mode not in ("simulated", "live"):
         fail("--mode is simulated or live")
-    if world == "aws" and mode == "simulated":
+    if world != "sim" and mode == "simulated":
         # simulated mode ticks as fast as the stages run: on a real fleet that is a plan (and maybe a swap)
         # every few seconds, with no time for telemetry to accrue between them
-        fail("KOI_WORLD=aws is a real fleet on the wall clock: start the cluster with --mode live")
+        fail(f"KOI_WORLD={world} is a real fleet on the wall clock: start the cluster with --mode live")
     cid = _cluster(cluster)
 
     async def go(client: Any) -> Any:

@@ -1,0 +1,477 @@
+"""Google Compute Engine as a Koi fleet: the Executor port and the observer half a cloud can answer.
+
+The GCE twin of :mod:`infra.aws` (same contract and structure) over ``google-cloud-compute``'s
+``InstancesClient`` (REST; tests point it at ``tests/fakes/gce_server.py``). Nothing lives in memory
+between calls: every read rebuilds the fleet from ``instances.list``, so a restarted worker sees what
+the last one left.
+
+GCE labels are stricter than EC2 tags (``[a-z0-9_-]``, ≤ 63 characters), so they carry only what is
+filtered on: ``koi-cluster`` (the cluster id when it is a legal value, else ``h-`` + a hash),
+``koi-rank``, ``koi-key``, ``koi-pool`` (hashes of the rank id, the creating call's idempotency key
+and the pool id). The full identities and the rank live in instance **metadata** (values up to
+256 KB; each label match is checked against them, so a hash collision cannot mix ranks up):
+``koi-cluster``, ``koi-job``, ``koi-rank-id``, ``koi-pool-id``, ``koi-key``, ``koi-launch-key``;
+``koi-replica``/``koi-node``/``koi-nodes`` (one replica = ceil(gpus / gpus_per_instance) instances,
+node 0 the head where vLLM serves); ``koi-replicas`` with ``koi-gen`` (the highest generation's
+target wins), ``koi-last-key``, ``koi-route-weight``, ``koi-reweight-key``, ``koi-teardown-key``;
+``koi-rank-spec`` (the rank without ``n_replicas``/``route_weight``, one JSON value). Instance names
+(unique per zone) are ``koi-<cluster8>-<rank10>-<key6>-g<gen>-r<replica>-n<node>`` (hex hashes).
+
+Idempotency: a launch is DUPLICATE when any instance carries its key, and each insert carries a
+``request_id`` (uuid5 of cluster, key, replica, node), so a retry racing a lost response creates
+nothing new. Unlike EC2 (which lists terminated instances for about an hour), GCE forgets a deleted
+instance once it is gone, so key memory lasts only while instances exist: a launch key whose
+instances are all gone launches again, and a stale rerun of a teardown key after the rank was
+launched anew tears the new rank down (the ledger answers DUPLICATE for repeated keys first). GCE
+also remembers request ids of failed inserts, so repeating a FAILED launch's key within that window
+(≥ 1 h) replays the failure; the next tick's new key tries again.
+
+Operations: all inserts of a call are sent, then each ExtendedOperation is waited on
+(``.result(timeout=op_timeout)``): GCE reports stockouts (``ZONE_RESOURCE_POOL_EXHAUSTED``) on the
+operation, not the request. A call that fails part way deletes what it created (``bulkInsert`` is
+all-or-nothing but cannot give instances their own metadata), so a FAILED launch leaves nothing.
+``setMetadata`` (scale bookkeeping, reweight, the teardown mark) is waited on too, so the next read
+sees it; it sends the fingerprint read with the instance, so a concurrent writer makes it fail
+(``412``) instead of being overwritten. Deletes are not waited on (the instance lists ``STOPPING``
+until gone). The library polls through its own ``ZoneOperationsClient`` on the default endpoint;
+the test fake answers every operation ``DONE``, so tests never poll.
+
+Listing: ``instances.list`` per zone the pools name, filtered on ``labels.koi-cluster`` (plus the
+label looked up); ``aggregatedList`` would scan every zone of the project. A pool's ``env.zone`` is
+a GCE zone (``us-central1-a``); a pool naming none cannot launch. Spot pools get
+``provisioning_model=SPOT``, ``instance_termination_action=DELETE``; all get
+``on_host_maintenance=TERMINATE`` (required with GPUs). The pool's ``instance_type`` is the machine
+type (``a2-``/``a3-``/``g2-`` bring their GPUs; N1 needs ``guest_accelerators`` via ``insert_args``).
+
+Status: ``PROVISIONING``/``STAGING`` are alive, not ready; ``RUNNING`` is ready; anything else is
+gone for its replica. ``STOPPING`` (being deleted) instances belong to no deployment but still hold
+their pool's GPUs; ``TERMINATED``/``SUSPENDED`` ones stay in their rank as a broken replica (which
+``scale`` and ``teardown`` delete) and hold none; ``STOPPING``/``SUSPENDING``/``REPAIRING`` do.
+
+A ``GoogleAPICallError`` makes launch or scale FAILED with ``REASON: message``; teardown and reweight
+raise it, so the activity retries rather than leaking paid instances. Draining is the gateway's job:
+``drain_s`` and ``handover`` are only logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import re
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from google.api_core.exceptions import DeadlineExceeded, GoogleAPICallError, NotFound
+from google.cloud import compute_v1
+
+from koi.domain import Deployment, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from koi.domain.cluster import deployment_state
+from koi.logging import get_logger
+from koi.ports import LaunchResult, LaunchStatus
+
+#: Google's Deep Learning VM "common" image family (CUDA 12.4 + NVIDIA driver, Debian 11; list the
+#: current families with ``gcloud compute images list --project deeplearning-platform-release``).
+DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310"
+
+L_CLUSTER, L_RANK, L_KEY, L_POOL = "koi-cluster", "koi-rank", "koi-key", "koi-pool"
+M_CLUSTER, M_JOB, M_RANK, M_POOL = "koi-cluster", "koi-job", "koi-rank-id", "koi-pool-id"
+M_KEY, M_LAUNCH_KEY, M_LAST_KEY = "koi-key", "koi-launch-key", "koi-last-key"
+M_REPLICA, M_NODE, M_NODES = "koi-replica", "koi-node", "koi-nodes"
+M_REPLICAS, M_GEN, M_SPEC = "koi-replicas", "koi-gen", "koi-rank-spec"
+M_WEIGHT, M_REWEIGHT, M_TEARDOWN = "koi-route-weight", "koi-reweight-key", "koi-teardown-key"
+#: Which metadata item holds the full value behind each hashed label.
+_LABEL_META = {L_CLUSTER: M_CLUSTER, L_RANK: M_RANK, L_KEY: M_KEY, L_POOL: M_POOL}
+
+UP = ("PROVISIONING", "STAGING", "RUNNING")
+#: Statuses in which an instance still holds GPUs of its pool.
+OCCUPYING = (*UP, "STOPPING", "SUSPENDING", "REPAIRING")
+#: Statuses in which an instance is not (yet) part of a deployment: on its way out.
+LEAVING = ("STOPPING",)
+_LABEL_OK = re.compile(r"[a-z0-9_-]{1,63}")
+_NO_ZONE = {"any", "*", ""}
+_REQUEST_NS = uuid.UUID("6f1c52f8-5a4e-4d43-9a55-0f5b7c2d8e11")
+
+
+def _sha(v: str) -> str:
+    return hashlib.sha256(v.encode()).hexdigest()
+
+
+def label_value(v: str) -> str:
+    """``v`` itself when GCE accepts it as a label value, else ``h-`` + a hash (both ≤ 63 characters)."""
+    return v if _LABEL_OK.fullmatch(v) else "h-" + _sha(v)[:40]
+
+
+def label_hash(v: str) -> str:
+    """A short label value for an id that is usually illegal as one (``job-1/abc``, keys with ``#``)."""
+    return "h-" + _sha(v)[:24]
+
+
+def request_id(cluster_id: str, key: str, replica: int, node: int) -> str:
+    """GCE's idempotency token for one insert: a UUID, the same for every retry of the same call."""
+    return str(uuid.uuid5(_REQUEST_NS, f"{cluster_id}\n{key}\n{replica}\n{node}"))
+
+
+def instance_name(cluster_id: str, rank_id: str, key: str, gen: int, replica: int, node: int) -> str:
+    return f"koi-{_sha(cluster_id)[:8]}-{_sha(rank_id)[:10]}-{_sha(key)[:6]}-g{gen}-r{replica}-n{node}"
+
+
+def spec_value(rank: Rank) -> str:
+    return json.dumps(rank.model_dump(mode="json", exclude={"n_replicas", "route_weight"}, exclude_none=True),
+                      separators=(",", ":"), sort_keys=True)
+
+
+def rank_from_metadata(md: Mapping[str, str]) -> Rank:
+    d = json.loads(md[M_SPEC])
+    d["n_replicas"] = int(md[M_REPLICAS])
+    if M_WEIGHT in md:
+        d["route_weight"] = float(md[M_WEIGHT])
+    return Rank.model_validate(d)
+
+
+rank_state = deployment_state  # koi.domain.cluster: the one rule for both clouds
+
+
+def metadata(inst: compute_v1.Instance) -> dict[str, str]:
+    return {i.key: i.value for i in inst.metadata.items}
+
+
+def _zone_of(inst: compute_v1.Instance) -> str:
+    return inst.zone.rsplit("/", 1)[-1]
+
+
+class _Rank:
+    """One rank as GCE lists it: its instances (not on their way out) grouped by replica."""
+
+    def __init__(self, insts: list[compute_v1.Instance]) -> None:
+        self.insts = insts
+        self.head = metadata(max(insts, key=lambda i: (int(metadata(i).get(M_GEN, "0")), i.status in UP)))
+        self.nodes = int(self.head[M_NODES])
+        self.replicas: dict[int, list[compute_v1.Instance]] = defaultdict(list)
+        for i in insts:
+            self.replicas[int(metadata(i)[M_REPLICA])].append(i)
+
+    def alive(self) -> list[int]:
+        return sorted(r for r, xs in self.replicas.items() if sum(i.status in UP for i in xs) >= self.nodes)
+
+    def ready(self) -> list[int]:
+        return [r for r in self.alive() if all(i.status == "RUNNING" for i in self.replicas[r])]
+
+    def broken(self) -> list[int]:
+        return sorted(set(self.replicas) - set(self.alive()))
+
+
+class GceFleet:
+    """Executor + Observer over Compute Engine for one Koi cluster in one project; ``pools`` bound it.
+
+    ``telemetry`` is empty (engine metrics come from ``infra.vllm_metrics``). ``insert_args`` are
+    ``compute_v1.Instance`` fields applied to every insert over the defaults (``disks``,
+    ``network_interfaces``, ``service_accounts``, ``guest_accelerators`` for N1 pools, ``tags``, ...);
+    their ``metadata`` (a mapping, e.g. ``{"startup-script": ...}``) and ``labels`` are merged with
+    koi's own (koi's win). Without ``client``, an ``InstancesClient`` with the default credentials.
+    """
+
+    def __init__(self, cluster_id: str, pools: ResourceMap, *, project: str,
+                 client: compute_v1.InstancesClient | None = None, image: str = DEFAULT_IMAGE,
+                 clock: Callable[[], float] = time.time, insert_args: Mapping[str, Any] | None = None,
+                 boot_disk_gb: int = 200, op_timeout: float = 600.0) -> None:
+        self.cluster_id = cluster_id
+        self.pools = pools
+        self.project = project
+        self.image = image
+        self.boot_disk_gb = boot_disk_gb
+        self.op_timeout = op_timeout
+        self.insert_args = dict(insert_args or {})
+        self._client_obj = client
+        self._clock = clock
+        self._log = get_logger(__name__, cluster=cluster_id)
+
+    @property
+    def client(self) -> compute_v1.InstancesClient:
+        if self._client_obj is None:  # lazily: the default credentials are only needed for a call
+            self._client_obj = compute_v1.InstancesClient()
+        return self._client_obj
+
+    # ---- Observer -------------------------------------------------------------------------------
+    def now(self) -> float:
+        return float(self._clock())
+
+    def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
+        return []
+
+    def capacity(self) -> ResourceMap:
+        used = Counter(metadata(i).get(M_POOL) for i in self._list_all({}) if i.status in OCCUPYING)
+        return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used[p.pool_id])})
+                                  for p in self.pools.pools])
+
+    def _ranks(self) -> dict[str, _Rank]:
+        by_rank: dict[str, list[compute_v1.Instance]] = defaultdict(list)
+        for i in self._list_all({}):
+            if i.status not in LEAVING and M_RANK in (md := metadata(i)):
+                by_rank[md[M_RANK]].append(i)
+        return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
+
+    def deployments(self) -> list[Deployment]:
+        out = []
+        for r in self._ranks().values():
+            rank = rank_from_metadata(r.head)
+            out.append(Deployment(job_id=r.head[M_JOB], rank=rank,
+                                  state=rank_state(len(r.alive()), len(r.ready()), rank.n_replicas),
+                                  replicas_ready=len(r.ready()), idempotency_key=r.head.get(M_LAUNCH_KEY, "")))
+        return out
+
+    def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
+        """(job id, rank id, env id, hosts): each ready replica's head node (node 0, where vLLM's API
+        server and ``/metrics`` run) by internal address (``networkIP``), else its external one."""
+        out = []
+        for rid, r in self._ranks().items():
+            hosts = []
+            for k in r.ready():
+                head = min(r.replicas[k], key=lambda i: int(metadata(i).get(M_NODE, "0")))
+                nic = head.network_interfaces[0] if head.network_interfaces else None
+                addr = nic and (nic.network_i_p or (nic.access_configs[0].nat_i_p if nic.access_configs else ""))
+                if addr:
+                    hosts.append(str(addr))
+            if hosts:
+                out.append((r.head[M_JOB], rid, rank_from_metadata(r.head).env.env_id, tuple(hosts)))
+        return out
+
+    # ---- Executor -------------------------------------------------------------------------------
+    def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
+        rid, key = rank.rank_id(job.job_id), idempotency_key
+        log = self._log.bind(job=job.job_id, rank=rid, key=key)
+
+        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
+            if status is LaunchStatus.FAILED:
+                log.warning("gcp.launch.failed", reason=reason)
+            return LaunchResult(job_id=job.job_id, rank_id=rid, idempotency_key=key, status=status,
+                                replicas_requested=rank.n_replicas, replicas_launched=launched, reason=reason)
+
+        pool = self.pools.pool_for(rank)
+        if pool is None:
+            return result(LaunchStatus.FAILED, reason=(f"no pool of cluster {self.cluster_id} for env "
+                                                       f"{rank.env.env_id} and instance type "
+                                                       f"{rank.config.instance_type}"))
+        zone = pool.env.zone
+        if zone in _NO_ZONE:
+            return result(LaunchStatus.FAILED, reason=f"pool {pool.pool_id} names no zone to launch in")
+        try:
+            prior = self._list(zone, {L_KEY: key})
+            if prior:
+                return result(LaunchStatus.DUPLICATE, len({metadata(i)[M_REPLICA] for i in prior}), "already applied")
+            if [i for i in self._list(zone, {L_RANK: rid}) if i.status not in LEAVING]:
+                return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
+            nodes = self._nodes(rank, pool)
+            need, free = nodes * rank.n_replicas, self._free(pool)
+            if free < need:
+                return result(LaunchStatus.FAILED, reason=(f"pool {pool.pool_id}: {rank.n_replicas} replica(s) "
+                                                           f"need {need} instance(s), {free} of "
+                                                           f"{pool.total_instances} free"))
+            self._insert(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
+                         target=rank.n_replicas, gen=1, weight=rank.route_weight)
+        except GoogleAPICallError as e:
+            return result(LaunchStatus.FAILED, reason=gce_reason(e))
+        log.info("gcp.launch", pool=pool.pool_id, zone=zone, replicas=rank.n_replicas, instances=need)
+        return result(LaunchStatus.LAUNCHED, rank.n_replicas)
+
+    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
+              drain_s: float | None = None) -> LaunchResult:
+        """Remove the highest-index replicas (and remnants of broken ones) or launch missing ones."""
+        key = idempotency_key
+        log = self._log.bind(job=job_id, rank=rank_id, key=key)
+
+        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
+            if status is LaunchStatus.FAILED:
+                log.warning("gcp.scale.failed", reason=reason)
+            return LaunchResult(job_id=job_id, rank_id=rank_id, idempotency_key=key, status=status,
+                                replicas_requested=n_replicas, replicas_launched=launched, reason=reason)
+
+        try:
+            seen = self._list_all({L_RANK: rank_id})
+            if any(key in (md.get(M_KEY), md.get(M_LAST_KEY)) for md in map(metadata, seen)):
+                return result(LaunchStatus.DUPLICATE, reason="already applied")
+            present = [i for i in seen if i.status not in LEAVING and metadata(i).get(M_JOB) == job_id]
+            if not present:
+                return result(LaunchStatus.FAILED, reason=f"no such rank {rank_id}")
+            if n_replicas < 1:
+                return result(LaunchStatus.FAILED, reason="a rank keeps at least one replica; teardown releases it")
+            r = _Rank(present)
+            pool = self._pool(r.head[M_POOL])
+            if pool is None:
+                return result(LaunchStatus.FAILED, reason=f"pool {r.head[M_POOL]} is not configured any more")
+            alive = r.alive()
+            drop = r.broken() + alive[n_replicas:]
+            add = max(0, n_replicas - len(alive))
+            if add:
+                need, free = add * r.nodes, self._free(pool)
+                if free < need:
+                    return result(LaunchStatus.FAILED, reason=(f"pool {pool.pool_id}: {add} more replica(s) need "
+                                                               f"{need} instance(s), {free} of "
+                                                               f"{pool.total_instances} free"))
+            killed = [i for x in drop for i in r.replicas[x]]
+            gen = int(r.head.get(M_GEN, "0")) + 1
+            self._delete([(_zone_of(i), i.name) for i in killed])
+            if add:
+                self._insert(pool, job_id, rank_id, rank_from_metadata(r.head), key=key,
+                             launch_key=r.head[M_LAUNCH_KEY], base=max(r.replicas) + 1, count=add, target=n_replicas,
+                             gen=gen, weight=float(r.head[M_WEIGHT]) if M_WEIGHT in r.head else None, last_key=key)
+            gone = {i.name for i in killed}
+            # every old replica broken: the new ones carry the target themselves
+            self._set_metadata([i for i in present if i.name not in gone],
+                               {M_REPLICAS: str(n_replicas), M_GEN: str(gen), M_LAST_KEY: key})
+        except GoogleAPICallError as e:
+            return result(LaunchStatus.FAILED, reason=gce_reason(e))
+        log.info("gcp.scale", replicas=n_replicas, added=add, removed=len(drop), drain_s=drain_s)
+        return result(LaunchStatus.LAUNCHED, n_replicas)
+
+    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
+                 handover: bool = False) -> bool:
+        """Mark the rank's instances with the key, then delete them at once (the gateway drains); a
+        cloud error raises, so the activity retries rather than leaking paid instances."""
+        seen = self._list_all({L_RANK: rank_id})
+        if any(metadata(i).get(M_TEARDOWN) == idempotency_key for i in seen):
+            return False
+        mine = [i for i in seen if i.status not in LEAVING and metadata(i).get(M_JOB) == job_id]
+        if mine:
+            self._set_metadata(mine, {M_TEARDOWN: idempotency_key})
+            self._delete([(_zone_of(i), i.name) for i in mine])
+            self._log.info("gcp.teardown", job=job_id, rank=rank_id, key=idempotency_key, instances=len(mine),
+                           drain_s=drain_s, handover=handover)
+        return bool(mine)
+
+    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        mine = [i for i in self._list_all({L_RANK: rank_id}) if i.status in UP and metadata(i).get(M_JOB) == job_id]
+        if not any(i.status == "RUNNING" for i in mine) or any(
+                metadata(i).get(M_REWEIGHT) == idempotency_key for i in mine):
+            return False
+        self._set_metadata(mine, {M_WEIGHT: repr(float(route_weight)), M_REWEIGHT: idempotency_key})
+        self._log.info("gcp.reweight", job=job_id, rank=rank_id, route_weight=route_weight)
+        return True
+
+    # ---- GCE ------------------------------------------------------------------------------------
+    @property
+    def _zones(self) -> list[str]:
+        return sorted({p.env.zone for p in self.pools.pools if p.env.zone not in _NO_ZONE})
+
+    def _pool(self, pool_id: str) -> Pool | None:
+        return next((p for p in self.pools.pools if p.pool_id == pool_id), None)
+
+    def _labels(self, ids: Mapping[str, str]) -> dict[str, str]:
+        full = {L_CLUSTER: self.cluster_id, **ids}
+        return {k: label_value(v) if k == L_CLUSTER else label_hash(v) for k, v in full.items()}
+
+    def _list(self, zone: str, ids: Mapping[str, str]) -> list[compute_v1.Instance]:
+        """This cluster's instances in ``zone`` (any status) whose ids (label -> full value) match."""
+        want = {L_CLUSTER: self.cluster_id, **ids}
+        flt = " AND ".join(f'(labels.{k} = "{v}")' for k, v in self._labels(ids).items())
+        req = compute_v1.ListInstancesRequest(project=self.project, zone=zone, filter=flt)
+        return [i for i in self.client.list(request=req)
+                if all(metadata(i).get(_LABEL_META[k]) == v for k, v in want.items())]
+
+    def _list_all(self, ids: Mapping[str, str]) -> list[compute_v1.Instance]:
+        return [i for zone in self._zones for i in self._list(zone, ids)]
+
+    def _free(self, pool: Pool) -> int:
+        used = sum(i.status in OCCUPYING for i in self._list(pool.env.zone, {L_POOL: pool.pool_id}))
+        return max(0, pool.total_instances - used)
+
+    def _wait(self, ops: list[Any]) -> None:
+        """Wait for every operation; raise the first error after all have settled."""
+        first: GoogleAPICallError | None = None
+        for op in ops:
+            try:
+                op.result(timeout=self.op_timeout)
+            except GoogleAPICallError as e:
+                first = first or e
+            except TimeoutError:
+                first = first or DeadlineExceeded(f"operation {op.name} not done after {self.op_timeout:g} s")
+        if first is not None:
+            raise first
+
+    def _delete(self, targets: list[tuple[str, str]]) -> None:
+        """Delete (zone, name)s without waiting (each shows STOPPING until gone); one already gone is fine."""
+        for zone, name in targets:
+            with contextlib.suppress(NotFound):
+                self.client.delete(project=self.project, zone=zone, instance=name)
+
+    def _set_metadata(self, insts: list[compute_v1.Instance], updates: Mapping[str, str]) -> None:
+        ops = []
+        for i in insts:
+            items = [compute_v1.Items(key=k, value=v) for k, v in {**metadata(i), **updates}.items()]
+            ops.append(self.client.set_metadata(project=self.project, zone=_zone_of(i), instance=i.name,
+                                                metadata_resource=compute_v1.Metadata(
+                                                    fingerprint=i.metadata.fingerprint, items=items)))
+        self._wait(ops)
+
+    def _insert(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
+                count: int, target: int, gen: int, weight: float | None, last_key: str | None = None) -> None:
+        """Insert ``count`` replicas of ``nodes`` instances; on any failure delete what this call made, raise."""
+        nodes, zone = self._nodes(rank, pool), pool.env.zone
+        args = dict(self.insert_args)
+        extra_md = {str(k): str(v) for k, v in dict(args.pop("metadata", None) or {}).items()}
+        labels = {**dict(args.pop("labels", None) or {}),
+                  **self._labels({L_RANK: rid, L_KEY: key, L_POOL: pool.pool_id})}
+        md = {**extra_md, M_CLUSTER: self.cluster_id, M_JOB: job_id, M_RANK: rid, M_POOL: pool.pool_id,
+              M_KEY: key, M_LAUNCH_KEY: launch_key, M_NODES: str(nodes), M_REPLICAS: str(target), M_GEN: str(gen),
+              M_SPEC: spec_value(rank)}
+        if weight is not None:
+            md[M_WEIGHT] = repr(float(weight))
+        if last_key is not None:
+            md[M_LAST_KEY] = last_key
+        spot = pool.env.market is Market.SPOT
+        scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=not spot)
+        if spot:
+            scheduling.provisioning_model = "SPOT"
+            scheduling.instance_termination_action = "DELETE"
+        args.setdefault("disks", [compute_v1.AttachedDisk(
+            boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
+                source_image=self.image, disk_size_gb=self.boot_disk_gb))])
+        args.setdefault("network_interfaces", [compute_v1.NetworkInterface(network="global/networks/default")])
+        args.setdefault("scheduling", scheduling)
+        sent: list[tuple[str, Any]] = []
+        try:
+            for replica in range(base, base + count):
+                for node in range(nodes):
+                    name = instance_name(self.cluster_id, rid, key, gen, replica, node)
+                    items = {**md, M_REPLICA: str(replica), M_NODE: str(node)}
+                    inst = compute_v1.Instance(
+                        **args, name=name, machine_type=f"zones/{zone}/machineTypes/{pool.instance_type}",
+                        labels=labels, metadata=compute_v1.Metadata(
+                            items=[compute_v1.Items(key=k, value=v) for k, v in items.items()]))
+                    req = compute_v1.InsertInstanceRequest(project=self.project, zone=zone, instance_resource=inst,
+                                                           request_id=request_id(self.cluster_id, key, replica, node))
+                    sent.append((name, self.client.insert(request=req)))
+            self._wait([op for _, op in sent])
+        except GoogleAPICallError:
+            made = []
+            for name, op in sent:  # settled ones answer at once; the rest (an insert refused midway) settle
+                try:
+                    self._wait([op])
+                    made.append(name)
+                except GoogleAPICallError:  # this one failed: nothing to undo
+                    continue
+            self._delete([(zone, name) for name in made])
+            self._log.warning("gcp.insert.rolled_back", rank=rid, key=key, deleted=len(made))
+            raise
+
+    @staticmethod
+    def _nodes(rank: Rank, pool: Pool) -> int:
+        return math.ceil(rank.config.gpus / pool.gpus_per_instance)
+
+
+def gce_reason(e: GoogleAPICallError) -> str:
+    """``REASON: message`` from the error's details (an operation's ``error.errors`` or an HTTP error
+    body's ``errors``), else ``<http code>: message``."""
+    parts = []
+    for err in e.errors or []:
+        if isinstance(err, Mapping):
+            code, msg = err.get("reason"), err.get("message")
+        else:  # compute_v1.Errors of a failed operation
+            code, msg = getattr(err, "code", ""), getattr(err, "message", "")
+        if code or msg:
+            parts.append(f"{code or e.code}: {msg or e.message}")
+    return "; ".join(parts) or f"{e.code}: {e.message}"
