@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from infra.aws import T_SPEC, Ec2Fleet, client_token, rank_from_tags, rank_state, spec_tags, tag_value
-from koi.domain import ChainConfig, DeploymentState, Environment, Job, Pool, Rank, ResourceMap
+from koi.domain import ChainConfig, DeploymentState, Environment, Pool, Rank, ResourceMap
 from koi.ports import Executor, LaunchStatus, Observer
+from tests.fakes.jobs import chat_job
 
 REGION = "us-east-1"
 IMAGE = "ami-0123456789abcdef0"
@@ -46,13 +47,7 @@ def pools(p5: int = 6, g6: int = 4) -> ResourceMap:
     ])
 
 
-def job(i: int = 1) -> Job:
-    return Job.model_validate({
-        "job_id": f"job-{i}", "model": "llama-3.1-8b", "job_class": "online",
-        "workload": {"input_len": {"mean": 512, "std": 100}, "output_len": {"mean": 128, "std": 30},
-                     "arrival": {"rate_rps": 2.0}},
-        "slo": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
-    })
+job = chat_job  # tests/fakes/jobs.py
 
 
 def big(n: int = 1, **kw: Any) -> Rank:

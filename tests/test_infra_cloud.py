@@ -11,10 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from infra.cloud import CloudWorldProvider, FleetError, FleetSpec, Scraper, load_fleet, scrape_targets
-from koi.domain import Action, ActionType, ChainConfig, Environment, Job, Ladder, Plan, Pool, Rank
+from koi.domain import Action, ActionType, ChainConfig, Environment, Ladder, Plan, Pool, Rank
 from koi.pipeline import ProposeContext, Runtime, Verdict, run_tick, run_ticks
 from koi.pipeline.messages import TickOutcome
 from koi.store import init_db, list_deploys, make_engine, session_scope
+from tests.fakes.jobs import chat_job
 
 ENV = Environment(cloud="aws", region="us-east-1", zone="us-east-1a", market="on_demand", gpu_type="L4")
 FLEET_YAML = """
@@ -43,13 +44,7 @@ class Clock:
         self.t = max(self.t, t)
 
 
-def job(i: int) -> Job:
-    return Job.model_validate({
-        "job_id": f"job-{i}", "model": "llama-3.1-8b", "job_class": "online",
-        "workload": {"input_len": {"mean": 512, "std": 100}, "output_len": {"mean": 128, "std": 30},
-                     "arrival": {"rate_rps": 2.0}},
-        "slo": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
-    })
+job = chat_job  # tests/fakes/jobs.py
 
 
 def place_pending(ctx: ProposeContext) -> Plan:

@@ -27,9 +27,10 @@ from infra.gcp import (
     request_id,
     spec_value,
 )
-from koi.domain import ChainConfig, DeploymentState, Environment, Job, Pool, Rank, ResourceMap
+from koi.domain import ChainConfig, DeploymentState, Environment, Pool, Rank, ResourceMap
 from koi.ports import Executor, LaunchStatus, Observer
 from tests.fakes.gce_server import FakeGceServer
+from tests.fakes.jobs import chat_job
 
 PROJECT = "koi-test"
 ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
@@ -71,13 +72,7 @@ def pools(a2: int = 6, g2: int = 4) -> ResourceMap:
     ])
 
 
-def job(i: int = 1) -> Job:
-    return Job.model_validate({
-        "job_id": f"job-{i}", "model": "llama-3.1-8b", "job_class": "online",
-        "workload": {"input_len": {"mean": 512, "std": 100}, "output_len": {"mean": 128, "std": 30},
-                     "arrival": {"rate_rps": 2.0}},
-        "slo": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
-    })
+job = chat_job  # tests/fakes/jobs.py
 
 
 def big(n: int = 1, **kw: Any) -> Rank:
