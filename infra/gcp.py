@@ -6,9 +6,10 @@ between calls: every read rebuilds the fleet from ``instances.list``, so a resta
 the last one left.
 
 GCE labels are stricter than EC2 tags (``[a-z0-9_-]``, ≤ 63 characters), so they carry only what is
-filtered on: ``koi-cluster`` (the cluster id when it is a legal value, else ``h-`` + a hash),
-``koi-rank``, ``koi-key``, ``koi-pool`` (hashes of the rank id, the creating call's idempotency key
-and the pool id). The full identities and the rank live in instance **metadata** (values up to
+filtered on: ``koi_cluster`` (the cluster id when it is a legal value, else ``h-`` + a hash),
+``koi_rank``, ``koi_key``, ``koi_pool`` (hashes of the rank id, the creating call's idempotency key
+and the pool id). Label keys use underscores, not hyphens: a filter's field path (``labels.koi_rank``)
+is then a plain identifier under both of the list API's filter grammars. The full identities and the rank live in instance **metadata** (values up to
 256 KB; each label match is checked against them, so a hash collision cannot mix ranks up):
 ``koi-cluster``, ``koi-job``, ``koi-rank-id``, ``koi-pool-id``, ``koi-key``, ``koi-launch-key``;
 ``koi-replica``/``koi-node``/``koi-nodes`` (one replica = ceil(gpus / gpus_per_instance) instances,
@@ -36,7 +37,7 @@ sees it; it sends the fingerprint read with the instance, so a concurrent writer
 until gone). The library polls through its own ``ZoneOperationsClient`` on the default endpoint;
 the test fake answers every operation ``DONE``, so tests never poll.
 
-Listing: ``instances.list`` per zone the pools name, filtered on ``labels.koi-cluster`` (plus the
+Listing: ``instances.list`` per zone the pools name, filtered on ``labels.koi_cluster`` (plus the
 label looked up); ``aggregatedList`` would scan every zone of the project. A pool's ``env.zone`` is
 a GCE zone (``us-central1-a``); a pool naming none cannot launch. Spot pools get
 ``provisioning_model=SPOT``, ``instance_termination_action=DELETE``; all get
@@ -78,7 +79,7 @@ from koi.ports import LaunchResult, LaunchStatus
 #: current families with ``gcloud compute images list --project deeplearning-platform-release``).
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310"
 
-L_CLUSTER, L_RANK, L_KEY, L_POOL = "koi-cluster", "koi-rank", "koi-key", "koi-pool"
+L_CLUSTER, L_RANK, L_KEY, L_POOL = "koi_cluster", "koi_rank", "koi_key", "koi_pool"  # underscores: filter-safe field names
 M_CLUSTER, M_JOB, M_RANK, M_POOL = "koi-cluster", "koi-job", "koi-rank-id", "koi-pool-id"
 M_KEY, M_LAUNCH_KEY, M_LAST_KEY = "koi-key", "koi-launch-key", "koi-last-key"
 M_REPLICA, M_NODE, M_NODES = "koi-replica", "koi-node", "koi-nodes"

@@ -120,9 +120,9 @@ def test_launch_inserts_whole_replicas_with_labels_and_metadata(fleet, cluster, 
     assert all(re.fullmatch(_NAME, i["name"]) for i in insts) and len({i["name"] for i in insts}) == 4
     labels = [i["labels"] for i in insts]
     assert all(len(k) <= 63 and len(v) <= 63 for x in labels for k, v in x.items())
-    assert {x["koi-cluster"] for x in labels} == {cluster}  # a legal label value stays readable
-    assert {x["koi-rank"] for x in labels} == {label_hash(rank.rank_id("job-1"))}
-    assert {x["koi-key"] for x in labels} == {label_hash("k-launch/tick#1")}
+    assert {x["koi_cluster"] for x in labels} == {cluster}  # a legal label value stays readable
+    assert {x["koi_rank"] for x in labels} == {label_hash(rank.rank_id("job-1"))}
+    assert {x["koi_key"] for x in labels} == {label_hash("k-launch/tick#1")}
     assert {x["team"] for x in labels} == {"ml"}
     m = [md(i) for i in insts]
     assert {x["koi-job"] for x in m} == {"job-1"} and {x["koi-rank-id"] for x in m} == {rank.rank_id("job-1")}

@@ -45,7 +45,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 PREFIX = "/compute/v1/projects/"
 _PATH = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/"
                    r"(?P<coll>instances|operations)(?:/(?P<name>[^/]+))?(?:/(?P<verb>[A-Za-z]+))?$")
-_CLAUSE = re.compile(r'labels\.([a-z0-9_-]+)\s*=\s*"([^"]*)"')
+_CLAUSE = re.compile(r'labels\.([a-z0-9_]+)\s*=\s*"([^"]*)"')
 
 
 def _fingerprint(items: list[dict[str, str]]) -> str:
