@@ -44,7 +44,8 @@ def version(json_out: bool = typer.Option(False, "--json", help="print one JSON 
     from importlib.metadata import version as pkg_version
 
     info = {"koi": __version__}
-    for pkg in ("temporalio", "aiconfigurator-core", "pydantic", "sqlmodel", "numpy", "scipy"):
+    for pkg in ("temporalio", "aiconfigurator-core", "pydantic", "sqlmodel", "numpy", "scipy", "boto3",
+                "google-cloud-compute"):
         try:
             info[pkg] = pkg_version(pkg)
         except PackageNotFoundError:
