@@ -64,10 +64,3 @@ def test_a_scenario_that_does_not_load_is_a_clear_error_for_every_command_that_t
             assert "error:" in r.output and "Traceback" not in r.output
             assert r.stdout.strip() == "" or not r.stdout.lstrip().startswith("{")
 
-
-def test_koi_version_names_the_components_an_operator_debugs_against():
-    from importlib.metadata import version
-
-    doc = _json(runner.invoke(app, ["version", "--json"]))
-    assert doc["koi"] and doc["temporalio"] == version("temporalio")
-    assert doc["boto3"] == version("boto3") and doc["google-cloud-compute"] == version("google-cloud-compute")
