@@ -42,6 +42,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from infra.replicas import ReplicaGroups
 from koi.domain import Deployment, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.domain.cluster import deployment_state
 from koi.logging import get_logger
@@ -114,25 +115,14 @@ def _replica(inst: Mapping[str, Any], tags: Mapping[str, str]) -> int:
     return int(tags[T_BASE]) + int(inst.get("AmiLaunchIndex", 0)) // int(tags[T_NODES])
 
 
-class _Rank:
-    """One rank as EC2 lists it: its present instances grouped by replica."""
+class _Rank(ReplicaGroups[dict[str, Any]]):
+    """One rank as EC2 lists it: its present instances grouped by replica (:mod:`infra.replicas`)."""
 
     def __init__(self, insts: list[dict[str, Any]]) -> None:
         self.insts = insts
         self.head = _tags(max(insts, key=lambda i: int(_tags(i).get(T_GEN, "0"))))
-        self.nodes = int(self.head[T_NODES])
-        self.replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for i in insts:
-            self.replicas[_replica(i, _tags(i))].append(i)
-
-    def alive(self) -> list[int]:
-        return sorted(r for r, xs in self.replicas.items() if sum(_state(i) in UP for i in xs) >= self.nodes)
-
-    def ready(self) -> list[int]:
-        return [r for r in self.alive() if all(_state(i) == "running" for i in self.replicas[r])]
-
-    def broken(self) -> list[int]:
-        return sorted(set(self.replicas) - set(self.alive()))
+        super().__init__(insts, nodes=int(self.head[T_NODES]), replica_of=lambda i: _replica(i, _tags(i)),
+                         up=lambda i: _state(i) in UP, running=lambda i: _state(i) == "running")
 
 
 class Ec2Fleet:

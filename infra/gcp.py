@@ -70,6 +70,7 @@ from typing import Any
 from google.api_core.exceptions import DeadlineExceeded, GoogleAPICallError, NotFound
 from google.cloud import compute_v1
 
+from infra.replicas import ReplicaGroups
 from koi.domain import Deployment, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.domain.cluster import deployment_state
 from koi.logging import get_logger
@@ -145,25 +146,14 @@ def _zone_of(inst: compute_v1.Instance) -> str:
     return inst.zone.rsplit("/", 1)[-1]
 
 
-class _Rank:
-    """One rank as GCE lists it: its instances (not on their way out) grouped by replica."""
+class _Rank(ReplicaGroups[compute_v1.Instance]):
+    """One rank as GCE lists it: its instances (not on their way out) grouped by replica (:mod:`infra.replicas`)."""
 
     def __init__(self, insts: list[compute_v1.Instance]) -> None:
         self.insts = insts
         self.head = metadata(max(insts, key=lambda i: (int(metadata(i).get(M_GEN, "0")), i.status in UP)))
-        self.nodes = int(self.head[M_NODES])
-        self.replicas: dict[int, list[compute_v1.Instance]] = defaultdict(list)
-        for i in insts:
-            self.replicas[int(metadata(i)[M_REPLICA])].append(i)
-
-    def alive(self) -> list[int]:
-        return sorted(r for r, xs in self.replicas.items() if sum(i.status in UP for i in xs) >= self.nodes)
-
-    def ready(self) -> list[int]:
-        return [r for r in self.alive() if all(i.status == "RUNNING" for i in self.replicas[r])]
-
-    def broken(self) -> list[int]:
-        return sorted(set(self.replicas) - set(self.alive()))
+        super().__init__(insts, nodes=int(self.head[M_NODES]), replica_of=lambda i: int(metadata(i)[M_REPLICA]),
+                         up=lambda i: i.status in UP, running=lambda i: i.status == "RUNNING")
 
 
 class GceFleet:
