@@ -44,7 +44,6 @@ from botocore.exceptions import ClientError
 
 from infra.replicas import ReplicaGroups
 from koi.domain import Deployment, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
-from koi.domain.cluster import deployment_state
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
 
@@ -98,7 +97,6 @@ def rank_from_tags(tags: Mapping[str, str]) -> Rank:
     return Rank.model_validate(d)
 
 
-rank_state = deployment_state  # koi.domain.cluster: the one rule for both clouds
 
 
 def _tags(inst: Mapping[str, Any]) -> dict[str, str]:
@@ -167,13 +165,8 @@ class Ec2Fleet:
         return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
 
     def deployments(self) -> list[Deployment]:
-        out = []
-        for r in self._ranks().values():
-            rank = rank_from_tags(r.head)
-            out.append(Deployment(job_id=r.head[T_JOB], rank=rank,
-                                  state=rank_state(len(r.alive()), len(r.ready()), rank.n_replicas),
-                                  replicas_ready=len(r.ready()), idempotency_key=r.head.get(T_LAUNCH_KEY, "")))
-        return out
+        return [r.deployment(r.head[T_JOB], rank_from_tags(r.head), r.head.get(T_LAUNCH_KEY, ""))
+                for r in self._ranks().values()]
 
     def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
         """(job id, rank id, env id, hosts): each ready replica's head node — the instance with the lowest

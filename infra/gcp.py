@@ -72,7 +72,6 @@ from google.cloud import compute_v1
 
 from infra.replicas import ReplicaGroups
 from koi.domain import Deployment, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
-from koi.domain.cluster import deployment_state
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
 
@@ -135,7 +134,6 @@ def rank_from_metadata(md: Mapping[str, str]) -> Rank:
     return Rank.model_validate(d)
 
 
-rank_state = deployment_state  # koi.domain.cluster: the one rule for both clouds
 
 
 def metadata(inst: compute_v1.Instance) -> dict[str, str]:
@@ -207,13 +205,8 @@ class GceFleet:
         return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
 
     def deployments(self) -> list[Deployment]:
-        out = []
-        for r in self._ranks().values():
-            rank = rank_from_metadata(r.head)
-            out.append(Deployment(job_id=r.head[M_JOB], rank=rank,
-                                  state=rank_state(len(r.alive()), len(r.ready()), rank.n_replicas),
-                                  replicas_ready=len(r.ready()), idempotency_key=r.head.get(M_LAUNCH_KEY, "")))
-        return out
+        return [r.deployment(r.head[M_JOB], rank_from_metadata(r.head), r.head.get(M_LAUNCH_KEY, ""))
+                for r in self._ranks().values()]
 
     def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
         """(job id, rank id, env id, hosts): each ready replica's head node (node 0, where vLLM's API

@@ -12,6 +12,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
+from koi.domain import Deployment, Rank
+from koi.domain.cluster import deployment_state
+
 I = TypeVar("I")  # noqa: E741 - an instance, as the cloud's SDK returns it
 
 
@@ -31,3 +34,9 @@ class ReplicaGroups(Generic[I]):
 
     def broken(self) -> list[int]:
         return sorted(set(self.replicas) - set(self.alive()))
+
+    def deployment(self, job_id: str, rank: Rank, launch_key: str) -> Deployment:
+        """The rank as S0 sees it: ``rank`` carries the target replica count, the groups say how many are ready."""
+        ready = len(self.ready())
+        return Deployment(job_id=job_id, rank=rank, state=deployment_state(len(self.alive()), ready, rank.n_replicas),
+                          replicas_ready=ready, idempotency_key=launch_key)

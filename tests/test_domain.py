@@ -338,3 +338,13 @@ def test_every_observed_mediator_and_outcome_is_a_telemetry_series():
                    "pipeline_bubble_fraction", "comm_overhead_pct", "per_tok_comm_bytes", "kvcache_hit_rate",
                    "input_length_observed", "output_length_observed", "live_batch_size", "queue_depth"):
         assert needed in variables.OBSERVED_V
+
+
+def test_a_cloud_ranks_state_from_its_replicas():
+    from koi.domain import DeploymentState
+    from koi.domain.cluster import deployment_state
+
+    assert deployment_state(alive=2, ready=1, target=2) is DeploymentState.LAUNCHING
+    assert deployment_state(alive=2, ready=2, target=2) is DeploymentState.SERVING
+    assert deployment_state(alive=1, ready=1, target=2) is DeploymentState.DEGRADED  # a replica lost or broken
+    assert deployment_state(alive=3, ready=3, target=2) is DeploymentState.SERVING  # a scale-down not yet applied
