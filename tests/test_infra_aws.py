@@ -147,31 +147,6 @@ def test_an_aws_error_is_a_failed_launch_with_its_code(fleet, cluster, client_fa
     assert instances(client_factory, cluster, live=False) == []
 
 
-def test_scale_adds_and_removes_replicas_and_repeats_nothing(fleet, cluster, client_factory):
-    rank = big(1)
-    rid = rank.rank_id("job-1")
-    fleet.launch(job(), rank, "k-l")
-    up = fleet.scale("job-1", rid, 3, "k-up")
-    assert up.status is LaunchStatus.LAUNCHED and up.replicas_launched == 3
-    assert len(instances(client_factory, cluster)) == 6
-    [dep] = fleet.deployments()
-    assert dep.rank.n_replicas == 3 and dep.replicas_ready == 3 and dep.state is DeploymentState.SERVING
-    assert dep.idempotency_key == "k-l"
-    assert fleet.scale("job-1", rid, 3, "k-up").status is LaunchStatus.DUPLICATE
-    assert len(instances(client_factory, cluster)) == 6
-    over = fleet.scale("job-1", rid, 4, "k-over")  # 2 more instances, none free
-    assert over.status is LaunchStatus.FAILED and "0 of 6 free" in over.reason
-    down = fleet.scale("job-1", rid, 1, "k-down", drain_s=0.0)
-    assert down.status is LaunchStatus.LAUNCHED
-    left = instances(client_factory, cluster)
-    assert {tags(i)["koi:replica"] for i in left} == {"0"} and len(left) == 2  # the highest replicas went
-    assert fleet.scale("job-1", rid, 1, "k-down").status is LaunchStatus.DUPLICATE
-    [dep] = fleet.deployments()
-    assert dep.rank.n_replicas == 1 and dep.replicas_ready == 1
-    assert free(fleet) == 4
-    assert fleet.scale("job-1", "job-1/nope", 2, "k-x").status is LaunchStatus.FAILED
-
-
 def test_teardown_terminates_the_rank_and_capacity_comes_back(fleet, cluster, client_factory):
     a, b = big(2), small(2)
     fleet.launch(job(1), a, "k-a")

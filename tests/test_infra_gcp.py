@@ -190,33 +190,6 @@ def test_a_gce_error_is_a_failed_launch_with_its_reason_and_nothing_is_left(flee
     assert fleet.launch(job(), big(1), "k-next-tick").status is LaunchStatus.LAUNCHED
 
 
-def test_scale_adds_and_removes_replicas_and_repeats_nothing(fleet, cluster, server):
-    rank = big(1)
-    rid = rank.rank_id("job-1")
-    fleet.launch(job(), rank, "k-l")
-    up = fleet.scale("job-1", rid, 3, "k-up")
-    assert up.status is LaunchStatus.LAUNCHED and up.replicas_launched == 3
-    assert len(instances(server, cluster)) == 6
-    [dep] = fleet.deployments()
-    assert dep.rank.n_replicas == 3 and dep.replicas_ready == 3 and dep.state is DeploymentState.SERVING
-    assert dep.idempotency_key == "k-l"
-    assert fleet.scale("job-1", rid, 3, "k-up").status is LaunchStatus.DUPLICATE
-    assert len(instances(server, cluster)) == 6
-    over = fleet.scale("job-1", rid, 4, "k-over")
-    assert over.status is LaunchStatus.FAILED and "0 of 6 free" in over.reason
-    down = fleet.scale("job-1", rid, 1, "k-down", drain_s=0.0)
-    assert down.status is LaunchStatus.LAUNCHED
-    left = instances(server, cluster)
-    assert {md(i)["koi-replica"] for i in left} == {"0"} and len(left) == 2
-    assert {md(i)["koi-last-key"] for i in left} == {"k-down"} and {md(i)["koi-gen"] for i in left} == {"3"}
-    assert fleet.scale("job-1", rid, 1, "k-down").status is LaunchStatus.DUPLICATE
-    [dep] = fleet.deployments()
-    assert dep.rank.n_replicas == 1 and dep.replicas_ready == 1
-    assert free(fleet) == 4
-    assert fleet.scale("job-1", "job-1/nope", 2, "k-x").status is LaunchStatus.FAILED
-    assert fleet.scale("job-1", rid, 0, "k-zero").status is LaunchStatus.FAILED
-
-
 def test_teardown_deletes_the_rank_and_capacity_comes_back(fleet, cluster, server):
     a, b = big(2), small(2)
     fleet.launch(job(1), a, "k-a")
