@@ -164,20 +164,6 @@ def test_teardown_terminates_the_rank_and_capacity_comes_back(fleet, cluster, cl
     assert free(fleet) == 2
 
 
-def test_reweight_tags_the_running_rank(fleet, cluster, client_factory):
-    rank = small(2)
-    rid = rank.rank_id("job-1")
-    assert fleet.reweight("job-1", rid, 2.5, "k-w0") is False  # nothing runs yet
-    fleet.launch(job(), rank, "k-l")
-    assert fleet.reweight("job-1", rid, 2.5, "k-w1") is True
-    assert {tags(i)["koi:route-weight"] for i in instances(client_factory, cluster)} == {"2.5"}
-    assert fleet.deployments()[0].rank.route_weight == 2.5
-    assert fleet.reweight("job-1", rid, 9.0, "k-w1") is False  # repeated key
-    assert fleet.deployments()[0].rank.route_weight == 2.5
-    fleet.scale("job-1", rid, 3, "k-up")  # new replicas inherit the weight
-    assert {tags(i)["koi:route-weight"] for i in instances(client_factory, cluster)} == {"2.5"}
-
-
 def test_a_restarted_worker_sees_what_the_cloud_holds(fleet, cluster, client_factory):
     fleet.launch(job(1), big(2, route_weight=1.5), "k-1")
     fleet.launch(job(2), small(1), "k-2")

@@ -19,7 +19,9 @@ from tests.fakes.jobs import chat_job
 class Cloud:
     fleet: Any
     big: Callable[[int], Rank]  # a rank of n replicas, two instances each
+    small: Callable[[int], Rank]  # a rank of n single-instance replicas
     replicas: Callable[[], list[str]]  # the replica index of each live instance of the cluster
+    weights: Callable[[], set[str]]  # the route weights the live instances carry
     free: Callable[[], int]  # free instances in the big rank's pool
 
 
@@ -46,14 +48,20 @@ def cloud(request) -> Cloud:
 
         factory = request.getfixturevalue("ec2_factory")
         fleet = Ec2Fleet(cluster, t.pools(), client_factory=factory, image_id=t.IMAGE, clock=lambda: 1234.5)
-        return Cloud(fleet, t.big, lambda: [t.tags(i)["koi:replica"] for i in t.instances(factory, cluster)],
+        def tag(k: str) -> list[str]:
+            return [t.tags(i).get(k, "") for i in t.instances(factory, cluster)]
+
+        return Cloud(fleet, t.big, t.small, lambda: tag("koi:replica"), lambda: set(tag("koi:route-weight")),
                      lambda: t.free(fleet))
     from infra.gcp import GceFleet
     from tests import test_infra_gcp as t
 
     server, client = request.getfixturevalue("gce")
     fleet = GceFleet(cluster, t.pools(), project=t.PROJECT, client=client, image=t.IMAGE, clock=lambda: 1234.5)
-    return Cloud(fleet, t.big, lambda: [t.md(i)["koi-replica"] for i in t.instances(server, cluster)],
+    def item(k: str) -> list[str]:
+        return [t.md(i).get(k, "") for i in t.instances(server, cluster)]
+
+    return Cloud(fleet, t.big, t.small, lambda: item("koi-replica"), lambda: set(item("koi-route-weight")),
                  lambda: t.free(fleet))
 
 
@@ -79,3 +87,16 @@ def test_scale_adds_and_removes_replicas_and_repeats_nothing(cloud: Cloud) -> No
     assert cloud.free() == 4
     assert fleet.scale("job-1", "job-1/nope", 2, "k-x").status is LaunchStatus.FAILED
     assert fleet.scale("job-1", rid, 0, "k-zero").status is LaunchStatus.FAILED
+
+
+def test_reweight_marks_the_running_rank_and_new_replicas_inherit_it(cloud: Cloud) -> None:
+    fleet, rank = cloud.fleet, cloud.small(2)
+    rid = rank.rank_id("job-1")
+    assert fleet.reweight("job-1", rid, 2.5, "k-w0") is False  # nothing runs yet
+    fleet.launch(chat_job(), rank, "k-l")
+    assert fleet.reweight("job-1", rid, 2.5, "k-w1") is True
+    assert cloud.weights() == {"2.5"} and fleet.deployments()[0].rank.route_weight == 2.5
+    assert fleet.reweight("job-1", rid, 9.0, "k-w1") is False  # repeated key
+    assert fleet.deployments()[0].rank.route_weight == 2.5
+    fleet.scale("job-1", rid, 3, "k-up")
+    assert cloud.weights() == {"2.5"} and len(cloud.replicas()) == 3

@@ -223,21 +223,6 @@ def test_a_teardown_key_on_instances_still_stopping_is_not_applied_twice(fleet, 
     assert free(fleet) == 6 - 2 and fleet.deployments()[0].idempotency_key == "k-a2"
 
 
-def test_reweight_updates_the_running_ranks_metadata(fleet, cluster, server):
-    rank = small(2)
-    rid = rank.rank_id("job-1")
-    assert fleet.reweight("job-1", rid, 2.5, "k-w0") is False  # nothing runs yet
-    fleet.launch(job(), rank, "k-l")
-    assert fleet.reweight("job-1", rid, 2.5, "k-w1") is True
-    assert {md(i)["koi-route-weight"] for i in instances(server, cluster)} == {"2.5"}
-    assert fleet.deployments()[0].rank.route_weight == 2.5
-    assert fleet.reweight("job-1", rid, 9.0, "k-w1") is False  # repeated key
-    assert fleet.deployments()[0].rank.route_weight == 2.5
-    fleet.scale("job-1", rid, 3, "k-up")  # new replicas inherit the weight
-    assert {md(i)["koi-route-weight"] for i in instances(server, cluster)} == {"2.5"}
-    assert len({i["metadata"]["fingerprint"] for i in instances(server, cluster)}) >= 2
-
-
 def test_a_restarted_worker_sees_what_the_cloud_holds(fleet, cluster, client):
     fleet.launch(job(1), big(2, route_weight=1.5), "k-1")
     fleet.launch(job(2), small(1), "k-2")
