@@ -274,6 +274,11 @@ _SCALAR_NAMES = frozenset(
 )
 _HIST_NAMES = frozenset([a for al in LATENCY_P99.values() for a in al] + list(LENGTH_MEANS.values()))
 
+
+def series_names() -> list[str]:
+    """Every exposed series the observer reads: the scalars and the histograms' bucket/sum/count series."""
+    return sorted(_SCALAR_NAMES | {h + s for h in _HIST_NAMES for s in ("_bucket", "_sum", "_count")})
+
 Note = Callable[[str, str], None]  # (reason, detail)
 #: The simulator's trailing window (s) of the p99 latencies, ``koi.sim.telemetry.WINDOW_S`` (not
 #: imported: that would load the simulator into the fleet worker; a test keeps the two equal).
@@ -541,7 +546,7 @@ class VllmMetricsObserver:
     def now(self) -> float:
         return self._clock()
 
-    def _note(self, reason: str, where: str, detail: str) -> None:
+    def note(self, reason: str, where: str, detail: str) -> None:
         with self._lock:
             self.problems.append(Problem(self._now, reason, where, detail))
             self.problem_counts[reason] += 1
@@ -549,7 +554,7 @@ class VllmMetricsObserver:
 
     def _fetch(self, url: str) -> EngineMetrics | None:
         def note(reason: str, detail: str) -> None:
-            self._note(reason, url, detail)
+            self.note(reason, url, detail)
 
         try:
             r = self._client.get(url, timeout=self.timeout_s, headers={"Accept": "text/plain; version=0.0.4"})
@@ -575,7 +580,7 @@ class VllmMetricsObserver:
             ts = self._targets() if callable(self._targets) else self._targets
             return list(ts)
         except Exception as exc:  # a failing inventory must not end the scrape loop
-            self._note("targets_failed", "targets", f"{type(exc).__name__}: {exc}")
+            self.note("targets_failed", "targets", f"{type(exc).__name__}: {exc}")
             return []
 
     def scrape(self) -> int:
@@ -586,6 +591,13 @@ class VllmMetricsObserver:
         urls = sorted({u for tg in targets for u in tg.urls})
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(urls) or 1))) as pool:
             got = dict(zip(urls, pool.map(self._fetch, urls), strict=True))
+        return self.ingest(t, targets, got)
+
+    def ingest(self, t: float, targets: Sequence[ScrapeTarget], got: dict[str, EngineMetrics | None]) -> int:
+        """Take one scrape made at ``t``: ``got`` maps each URL of ``targets`` to what it served (None: no
+        answer). :meth:`scrape` feeds what it fetched; :class:`infra.prometheus.PrometheusTelemetry` feeds
+        what Prometheus stored, so both are cut by the same rules."""
+        self._now = t
         n = 0
         with self._lock:
             live = set()
@@ -598,27 +610,27 @@ class VllmMetricsObserver:
                 engines = {u: m for u in tg.urls if (m := got.get(u)) is not None}
                 where = f"{tg.job_id}/{tg.rank_id}"
                 if not engines:
-                    self._note("no_endpoint", where, "no endpoint of the rank answered")
+                    self.note("no_endpoint", where, "no endpoint of the rank answered")
                     continue
                 cur = _Scrape(t, engines)
                 prev, st.last = st.last, cur
                 if prev is None:
                     continue
                 if t <= prev.t:
-                    self._note("non_increasing_time", where, f"scrape at {t} after {prev.t}")
+                    self.note("non_increasing_time", where, f"scrape at {t} after {prev.t}")
                     st.last = prev
                     continue
                 if t - prev.t > self.max_gap_s:
-                    self._note("gap", where, f"{t - prev.t:.0f} s since the last scrape; no sample")
+                    self.note("gap", where, f"{t - prev.t:.0f} s since the last scrape; no sample")
                     st.pairs.clear()
                     continue
                 try:
-                    note = lambda reason, detail, w=where: self._note(reason, w, detail)  # noqa: E731
+                    note = lambda reason, detail, w=where: self.note(reason, w, detail)  # noqa: E731
                     lat = pair_latency(prev, cur, note)
                     self._window_add(st, t, lat, where)
                     values = pair_sample(prev, cur, note, [h for _, h in st.pairs])
                 except Exception as exc:  # as in _fetch: never end the scrape on one rank's data
-                    self._note("sample_error", where, f"{type(exc).__name__}: {exc}")
+                    self.note("sample_error", where, f"{type(exc).__name__}: {exc}")
                     st.pairs.clear()
                     continue
                 if values:
@@ -637,7 +649,7 @@ class VllmMetricsObserver:
             st.pairs.popleft()
         if len(st.pairs) == st.pairs.maxlen and not st.truncated:
             st.truncated = True
-            self._note("window_truncated", where, f"{self.max_samples} pairs do not cover window_s={self.window_s:g}"
+            self.note("window_truncated", where, f"{self.max_samples} pairs do not cover window_s={self.window_s:g}"
                        f" (scrape period {(t - st.pairs[0][0]) / len(st.pairs):.3g} s); the window is shorter")
         st.pairs.append((t, lat))
 
@@ -669,7 +681,7 @@ class VllmMetricsObserver:
                     t_start=t_start, t_end=t_end, times=times, series={n: [r[n] for r in rows] for n in names},
                 ))  # fmt: skip
             except ValidationError as exc:
-                self._note("invalid_window", f"{tg.job_id}/{tg.rank_id}", str(exc).splitlines()[0])
+                self.note("invalid_window", f"{tg.job_id}/{tg.rank_id}", str(exc).splitlines()[0])
         return out
 
     def close(self) -> None:

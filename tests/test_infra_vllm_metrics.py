@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -68,15 +68,17 @@ def page(*, running: float = 4, waiting: float = 1, kv: float | str = 0.5, preem
 
 
 class MetricsServer:
-    """A loopback HTTP server: ``pages[path]`` is the body to serve, or an int status to fail with."""
+    """A loopback HTTP server: ``pages[path]`` is the body to serve, a callable making it at each request, or an
+    int status to fail with."""
 
     def __init__(self) -> None:
-        self.pages: dict[str, str | int] = {}
+        self.pages: dict[str, str | int | Callable[[], str]] = {}
         pages = self.pages
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
                 body = pages.get(self.path, 404)
+                body = body() if callable(body) else body
                 if isinstance(body, int):
                     self.send_error(body)
                     return
