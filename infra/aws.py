@@ -5,7 +5,8 @@ memory between calls. Every instance Koi launches carries tags that say whose it
 what it serves, and every read rebuilds the fleet from ``describe_instances``, so a
 worker that restarts (or another worker) sees exactly what the last one left:
 
-- ``koi:cluster``, ``koi:job``, ``koi:rank`` (the rank id), ``koi:pool`` (the koi pool id);
+- ``koi:cluster``, ``koi:job``, ``koi:rank`` (the rank id), ``koi:pool`` (the koi pool id), ``koi:env``
+  (the rank's environment id: with these, Prometheus' EC2 discovery can label the engines' series);
 - ``koi:key``: the idempotency key of the call that created the instance (a launch or a
   scale-up), ``koi:launch-key``: the rank's launch key (``Deployment.idempotency_key``);
 - ``koi:replica``: the replica index; ``koi:replica-base`` + ``koi:nodes`` say the same from
@@ -52,6 +53,7 @@ DEFAULT_IMAGE = ("resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
                  "base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
 
 T_CLUSTER, T_JOB, T_RANK, T_POOL = "koi:cluster", "koi:job", "koi:rank", "koi:pool"
+T_ENV = "koi:env"
 T_KEY, T_LAUNCH_KEY, T_LAST_KEY = "koi:key", "koi:launch-key", "koi:last-key"
 T_REPLICA, T_BASE, T_NODES = "koi:replica", "koi:replica-base", "koi:nodes"
 T_REPLICAS, T_GEN, T_SPEC = "koi:replicas", "koi:gen", "koi:rank-spec"
@@ -367,6 +369,7 @@ class Ec2Fleet:
         """One all-or-nothing run_instances for ``count`` replicas (MinCount = MaxCount), then label replicas."""
         nodes = self._nodes(rank, pool)
         tags = {T_CLUSTER: self.cluster_id, T_JOB: job_id, T_RANK: rid, T_POOL: pool.pool_id,
+                T_ENV: rank.env.env_id[:TAG_MAX],
                 T_KEY: tag_value(key), T_LAUNCH_KEY: tag_value(launch_key), T_BASE: str(base), T_NODES: str(nodes),
                 T_REPLICAS: str(target), T_GEN: str(gen), "Name": f"koi/{self.cluster_id}/{rid}"[:TAG_MAX],
                 **spec_tags(rank)}

@@ -28,6 +28,11 @@ Choices:
 2. **Scrape targets are re-read from the cloud** at most once per ``targets_ttl_s`` (60 s), not on every
    scrape: a rank launched this tick is scraped from the next refresh, and the cloud's API is not called every 15 s.
 3. **Telemetry from a world opened read-only works too**: the provider's worlds share the cluster's scraper.
+4. **Or Prometheus keeps the samples** (``prometheus_url``): S1 reads (t − 1, t] back from the operator's Prometheus
+   (:class:`infra.prometheus.PrometheusTelemetry`) and no scraper runs, so nothing is lost while no worker runs; an
+   unreachable Prometheus fails S1 and Temporal retries it. With ``prometheus_file_sd`` Koi also writes the scrape
+   targets, labelled with cluster, job, rank and environment, for Prometheus' file service discovery (refreshed
+   every ``targets_ttl_s``); a setup with cloud discovery relabels the instances' ``koi:*`` tags instead.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from infra.aws import Ec2Fleet
+from infra.prometheus import PrometheusTelemetry, write_file_sd
 from infra.vllm_metrics import ScrapeTarget, VllmMetricsObserver
 from koi.domain import Deployment, Job, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.domain.common import KoiModel
@@ -75,6 +81,13 @@ class FleetSpec(KoiModel):
     scrape_every_s: float = Field(default=15.0, gt=0)
     targets_ttl_s: float = Field(default=60.0, ge=0)
     scrape_timeout_s: float = Field(default=2.0, gt=0)
+    prometheus_url: str | None = Field(default=None, min_length=1,
+                                       description="S1 reads the engines' vLLM series from this Prometheus "
+                                                   "(infra/prometheus.py, choice 4); None: the worker scrapes them")
+    prometheus_file_sd: str | None = Field(default=None, min_length=1,
+                                           description="a directory: Koi writes koi-<cluster>.json there for "
+                                                       "Prometheus' file_sd_configs (the engines and rank labels)")
+    prometheus_timeout_s: float = Field(default=10.0, gt=0)
 
     @property
     def resources(self) -> ResourceMap:
@@ -142,31 +155,39 @@ def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callabl
     raise FleetError(f"unknown cloud {cloud!r}: aws or gcp")
 
 
-class Scraper:
-    """Scrapes one cluster's engines every ``every_s`` in a daemon thread (choice 1)."""
+class Periodic:
+    """Calls ``fn`` every ``every_s`` in a daemon thread; a failing call is logged, never ends the loop."""
 
-    def __init__(self, observer: VllmMetricsObserver, every_s: float) -> None:
-        self.observer, self.every_s = observer, every_s
+    def __init__(self, fn: Callable[[], Any], every_s: float, name: str) -> None:
+        self.fn, self.every_s, self.name = fn, every_s, name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="koi-scraper", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.observer.scrape()
-            except Exception as exc:  # noqa: BLE001 - a scrape never takes the worker down
-                log.warning("scrape.failed", error=f"{type(exc).__name__}: {exc}")
+                self.fn()
+            except Exception as exc:  # noqa: BLE001 - a background task never takes the worker down
+                log.warning(f"{self.name}.failed", error=f"{type(exc).__name__}: {exc}")
             self._stop.wait(self.every_s)
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+class Scraper(Periodic):
+    """Scrapes one cluster's engines every ``every_s`` (choice 1)."""
+
+    def __init__(self, observer: VllmMetricsObserver, every_s: float) -> None:
+        super().__init__(observer.scrape, every_s, "koi-scraper")
+        self.observer = observer
 
 
 class CloudWorld:
@@ -249,6 +270,8 @@ class CloudWorldProvider:
         if cloud == "gcp" and not spec.project:
             raise FleetError("the gcp world needs 'project' in the fleet file")
         self.scrapers: dict[str, Scraper] = {}
+        self.publishers: dict[str, Periodic] = {}
+        self.prometheus: dict[str, PrometheusTelemetry] = {}
         self._lock = threading.Lock()
         if scrape:  # httpx logs every request at INFO: 400 engines every 15 s would drown the worker's log
             logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
@@ -256,6 +279,14 @@ class CloudWorldProvider:
     def world(self, cluster_id: str) -> CloudWorld:
         spec = self.spec
         fleet = make_fleet(spec, cluster_id, self.cloud, clock=self.clock, client=self.client)
+        if spec.prometheus_file_sd and self.scrape:
+            self._publish(cluster_id, fleet)
+        if spec.prometheus_url:
+            with self._lock:
+                if cluster_id not in self.prometheus:
+                    self.prometheus[cluster_id] = PrometheusTelemetry(
+                        spec.prometheus_url, step_s=spec.scrape_every_s, timeout_s=spec.prometheus_timeout_s)
+            return CloudWorld(fleet, self.prometheus[cluster_id], self.clock)
         if not self.scrape:
             return CloudWorld(fleet, None, self.clock)
         with self._lock:
@@ -266,6 +297,17 @@ class CloudWorldProvider:
                 self.scrapers[cluster_id].start()
                 log.info("cloud.scraping", cluster=cluster_id, every_s=spec.scrape_every_s)
         return CloudWorld(fleet, self.scrapers[cluster_id].observer, self.clock)
+
+    def _publish(self, cluster_id: str, fleet: Any) -> None:
+        """Keep ``koi-<cluster>.json`` in ``prometheus_file_sd`` up to date with the scrape targets (choice 4)."""
+        with self._lock:
+            if cluster_id in self.publishers:
+                return
+            targets, directory = scrape_targets(fleet, self.spec), self.spec.prometheus_file_sd
+            self.publishers[cluster_id] = Periodic(lambda: write_file_sd(directory, cluster_id, targets()),
+                                                   max(self.spec.targets_ttl_s, 1.0), "koi-file-sd")
+            self.publishers[cluster_id].start()
+            log.info("cloud.file_sd", cluster=cluster_id, directory=directory)
 
     def ensure(self, session: Any, cluster_id: str, scenario: str | None, seed: int | None) -> tuple[float, bool]:
         from koi.pipeline.world import encode_checkpoint, load_checkpoint, save_checkpoint
@@ -305,6 +347,10 @@ class CloudWorldProvider:
         return float(self.clock())
 
     def close(self) -> None:
+        for p in self.publishers.values():
+            p.stop()
         for s in self.scrapers.values():
             s.stop()
             s.observer.close()
+        for t in self.prometheus.values():
+            t.close()

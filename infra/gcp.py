@@ -11,7 +11,7 @@ filtered on: ``koi_cluster`` (the cluster id when it is a legal value, else ``h-
 and the pool id). Label keys use underscores, not hyphens: a filter's field path (``labels.koi_rank``)
 is then a plain identifier under both of the list API's filter grammars. The full identities and the rank live in instance **metadata** (values up to
 256 KB; each label match is checked against them, so a hash collision cannot mix ranks up):
-``koi-cluster``, ``koi-job``, ``koi-rank-id``, ``koi-pool-id``, ``koi-key``, ``koi-launch-key``;
+``koi-cluster``, ``koi-job``, ``koi-rank-id``, ``koi-pool-id``, ``koi-env``, ``koi-key``, ``koi-launch-key``;
 ``koi-replica``/``koi-node``/``koi-nodes`` (one replica = ceil(gpus / gpus_per_instance) instances,
 node 0 the head where vLLM serves); ``koi-replicas`` with ``koi-gen`` (the highest generation's
 target wins), ``koi-last-key``, ``koi-route-weight``, ``koi-reweight-key``, ``koi-teardown-key``;
@@ -81,6 +81,7 @@ DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/com
 
 L_CLUSTER, L_RANK, L_KEY, L_POOL = "koi_cluster", "koi_rank", "koi_key", "koi_pool"  # underscores: filter-safe field names
 M_CLUSTER, M_JOB, M_RANK, M_POOL = "koi-cluster", "koi-job", "koi-rank-id", "koi-pool-id"
+M_ENV = "koi-env"
 M_KEY, M_LAUNCH_KEY, M_LAST_KEY = "koi-key", "koi-launch-key", "koi-last-key"
 M_REPLICA, M_NODE, M_NODES = "koi-replica", "koi-node", "koi-nodes"
 M_REPLICAS, M_GEN, M_SPEC = "koi-replicas", "koi-gen", "koi-rank-spec"
@@ -400,8 +401,8 @@ class GceFleet:
         labels = {**dict(args.pop("labels", None) or {}),
                   **self._labels({L_RANK: rid, L_KEY: key, L_POOL: pool.pool_id})}
         md = {**extra_md, M_CLUSTER: self.cluster_id, M_JOB: job_id, M_RANK: rid, M_POOL: pool.pool_id,
-              M_KEY: key, M_LAUNCH_KEY: launch_key, M_NODES: str(nodes), M_REPLICAS: str(target), M_GEN: str(gen),
-              M_SPEC: spec_value(rank)}
+              M_ENV: rank.env.env_id, M_KEY: key, M_LAUNCH_KEY: launch_key, M_NODES: str(nodes),
+              M_REPLICAS: str(target), M_GEN: str(gen), M_SPEC: spec_value(rank)}
         if weight is not None:
             md[M_WEIGHT] = repr(float(weight))
         if last_key is not None:

@@ -97,6 +97,7 @@ def test_launch_runs_whole_replicas_of_the_pool_shape_with_tags(fleet, cluster, 
     assert {x["koi:cluster"] for x in t} == {cluster}
     assert {x["koi:job"] for x in t} == {"job-1"}
     assert {x["koi:rank"] for x in t} == {rank.rank_id("job-1")}
+    assert {x["koi:env"] for x in t} == {rank.env.env_id}  # for Prometheus' EC2 discovery
     assert {x["koi:key"] for x in t} == {"k-launch"}
     assert Counter(x["koi:replica"] for x in t) == {"0": 2, "1": 2}
     assert all(len(v) <= 256 for x in t for v in x.values())

@@ -306,3 +306,60 @@ def test_ticks_launch_on_compute_engine_through_the_same_provider(tmp_path):
         assert len(running) == 4 and all(i["scheduling"]["provisioningModel"] == "SPOT" for i in running)
     with pytest.raises(FleetError, match="project"):
         CloudWorldProvider(spec.model_copy(update={"project": None}), cloud="gcp")
+
+
+def test_with_prometheus_s1_reads_it_and_koi_publishes_the_targets(tmp_path, spec, ec2_factory):
+    """``prometheus_url``: no scraper thread runs; S1 stores the windows Prometheus serves for the rank launched on
+    EC2; Prometheus down fails S1 with a reason naming it (the tick falls back, nothing launched twice).
+    ``prometheus_file_sd``: the ranks' engines are written for Prometheus' file discovery."""
+    import json
+    import time
+
+    from koi.pipeline import stages
+    from koi.pipeline.messages import AdvanceInput
+    from koi.store import get_telemetry
+    from tests.test_infra_prometheus import FakePrometheus, series
+
+    fake = FakePrometheus()
+    sd = tmp_path / "sd"
+    live = spec.model_copy(update={"prometheus_url": fake.url, "prometheus_file_sd": str(sd), "targets_ttl_s": 0.0})
+    cluster, clock = f"c-{uuid.uuid4().hex[:8]}", Clock()
+    provider = CloudWorldProvider(live, client_factory=ec2_factory, clock=clock)
+    try:
+        rt = runtime(tmp_path, provider)
+        run_ticks(rt, cluster, 0, jobs=[job(0)])
+        assert run_tick(rt, cluster, 0).deploy.launched == 1
+        assert provider.scrapers == {}
+        path = sd / f"koi-{cluster}.json"
+        end = time.time() + 10
+        while time.time() < end and not (path.exists() and json.loads(path.read_text())):
+            time.sleep(0.1)
+        (entry,) = json.loads(path.read_text())
+        (inst,) = {i["InstanceId"]: i for i in koi_instances(ec2_factory, cluster)
+                   if {"Key": "koi:replica", "Value": "0"} in i["Tags"]}.values()
+        assert inst["PrivateIpAddress"] + ":8001" in entry["targets"] and len(entry["targets"]) == 2
+        labels = entry["labels"]
+        assert (labels["koi_cluster"], labels["koi_job"], labels["koi_env"]) == (cluster, "job-0", ENV.env_id)
+
+        grid = [(1_000.0 + 15 * i, 600.0 * i) for i in range(5)]  # 40 tok/s on each of the two engines
+        fake.reply = (200, {"status": "success", "data": {"resultType": "matrix", "result": [
+            series("vllm:generation_tokens_total", grid, koi_cluster=cluster, koi_job="job-0",
+                   koi_rank=labels["koi_rank"], koi_env=ENV.env_id, instance=host)
+            for host in entry["targets"]]}})
+        stages.advance_world(rt, AdvanceInput(cluster_id=cluster, tick=1, t_target=1_060.0))
+        r1 = run_tick(rt, cluster, 1)
+        assert r1.outcome is TickOutcome.COMMITTED and r1.observe.n_windows == 1
+        with session_scope(rt.engine) as s:
+            (w,) = get_telemetry(s, cluster, 1)
+        assert (w.job_id, w.rank_id, w.times) == ("job-0", labels["koi_rank"], [1_015.0, 1_030.0, 1_045.0, 1_060.0])
+        assert w.series["throughput_tokens_per_sec"] == pytest.approx([80.0] * 4)
+
+        fake.reply = (503, {"status": "error", "error": "overloaded"})
+        stages.advance_world(rt, AdvanceInput(cluster_id=cluster, tick=2, t_target=1_120.0))
+        r2 = run_tick(rt, cluster, 2)
+        assert r2.outcome is TickOutcome.FALLBACK and r2.failed_stage == "s1_observe"
+        assert "PrometheusUnavailable" in r2.reason and "HTTP 503" in r2.reason
+        assert len(koi_instances(ec2_factory, cluster)) == 2
+    finally:
+        provider.close()
+        fake.close()

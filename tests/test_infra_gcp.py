@@ -125,6 +125,7 @@ def test_launch_inserts_whole_replicas_with_labels_and_metadata(fleet, cluster, 
     assert {x["team"] for x in labels} == {"ml"}
     m = [md(i) for i in insts]
     assert {x["koi-job"] for x in m} == {"job-1"} and {x["koi-rank-id"] for x in m} == {rank.rank_id("job-1")}
+    assert {x["koi-env"] for x in m} == {rank.env.env_id}  # for Prometheus' GCE discovery
     assert {x["koi-key"] for x in m} == {"k-launch/tick#1"} and {x["koi-launch-key"] for x in m} == {"k-launch/tick#1"}
     assert Counter((x["koi-replica"], x["koi-node"]) for x in m) == {("0", "0"): 1, ("0", "1"): 1,
                                                                    ("1", "0"): 1, ("1", "1"): 1}

@@ -73,6 +73,28 @@ def engine_page(t0: float, *, gen_rate: float, req_rate: float, running: float, 
     return make
 
 
+def start_prometheus(d: Path, config: str, *flags: str) -> tuple[subprocess.Popen, str]:
+    """A Prometheus on a free loopback port with ``config``, its data and log in ``d``; waits until ready."""
+    port = free_port()
+    (d / "prometheus.yml").write_text(config)
+    with open(d / "prom.log", "w") as err:
+        proc = subprocess.Popen([prometheus_bin(), f"--config.file={d / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={d / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                                 "--log.level=warn", *flags], stdout=subprocess.DEVNULL, stderr=err)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"prometheus exited: {(d / 'prom.log').read_text()[-2000:]}")
+        time.sleep(0.1)
+    proc.terminate()
+    pytest.fail("prometheus did not become ready in 20 s")
+
+
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory) -> Iterator[dict[str, Any]]:
     """Prometheus scraping every second the targets of the file-SD files in ``sd``, on loopback. The lookback is
@@ -81,29 +103,12 @@ def prom(tmp_path_factory) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("prom")
     sd = d / "sd"
     sd.mkdir()
-    port = free_port()
-    (d / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 800ms}\n"
-        "scrape_configs:\n"
-        "  - job_name: vllm\n"
-        f"    file_sd_configs: [{{files: ['{sd}/koi-*.json'], refresh_interval: 1s}}]\n")
-    with open(d / "prom.log", "w") as err:
-        proc = subprocess.Popen([prometheus_bin(), f"--config.file={d / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={d / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                                 "--query.lookback-delta=3s", "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=err)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_prometheus(d, "global: {scrape_interval: 1s, scrape_timeout: 800ms}\n"
+                                    "scrape_configs:\n"
+                                    "  - job_name: vllm\n"
+                                    f"    file_sd_configs: [{{files: ['{sd}/koi-*.json'], refresh_interval: 1s}}]\n",
+                                 "--query.lookback-delta=3s")
     try:
-        for _ in range(200):
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                pytest.fail(f"prometheus exited: {(d / 'prom.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-        else:
-            pytest.fail("prometheus did not become ready in 20 s")
         yield {"url": url, "sd": sd}
     finally:
         proc.terminate()
@@ -313,3 +318,52 @@ def test_series_without_rank_labels_or_with_bad_values_are_left_out(fake):
     (req,) = fake.requests
     assert req["query"] == selector("c1") and float(req["end"]) == 145.0 and req["step"] == "15"
     assert float(req["start"]) == 145.0 - 3 * 15.0
+
+
+def test_the_shipped_prometheus_config_is_valid():
+    """infra/prometheus.example.yml passes Prometheus' own checker, and its relabelling yields the rank labels."""
+    promtool = str(Path(prometheus_bin()).with_name("promtool"))
+    example = ROOT / "infra/prometheus.example.yml"
+    done = subprocess.run([promtool, "check", "config", str(example)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = example.read_text()
+    assert all(f"target_label: {label}" in text for label in ("koi_cluster", "koi_job", "koi_rank", "koi_env"))
+
+
+def test_prometheus_ec2_discovery_labels_the_engines_from_koi_tags(tmp_path, ec2_factory, moto_endpoint):
+    """The shipped config's EC2 job, pointed at moto: Prometheus discovers the instances Koi launched and its
+    relabelling gives every replica's target the rank labels S1 selects on."""
+    import yaml
+
+    from infra.aws import Ec2Fleet
+    from koi.domain import ChainConfig, Environment, Pool, Rank, ResourceMap
+    from tests.fakes.jobs import chat_job
+
+    env = Environment(cloud="aws", region="us-east-1", zone="us-east-1a", market="on_demand", gpu_type="L4")
+    cluster = f"c-sd-{os.getpid()}-{int(time.time())}"
+    fleet = Ec2Fleet(cluster, ResourceMap(pools=[Pool(env=env, instance_type="g6.xlarge", gpus_per_instance=1,
+                                                      total_instances=4, free_instances=4, hourly_price=0.8)]),
+                     client_factory=ec2_factory, image_id="ami-0123456789abcdef0")
+    rank = Rank(env=env, config=ChainConfig(instance_type="g6.xlarge"), n_replicas=2)
+    assert fleet.launch(chat_job(0), rank, "k-sd").replicas_launched == 2
+
+    conf = yaml.safe_load((ROOT / "infra/prometheus.example.yml").read_text())
+    (job,) = [j for j in conf["scrape_configs"] if j["job_name"] == "koi-vllm-ec2"]
+    job["ec2_sd_configs"][0].update(endpoint=moto_endpoint, access_key="testing", secret_key="testing",
+                                    refresh_interval="1s")
+    job["ec2_sd_configs"][0]["filters"].append({"name": "tag:koi:cluster", "values": [cluster]})
+    proc, url = start_prometheus(tmp_path, yaml.safe_dump({"global": {"scrape_interval": "1s"},
+                                                           "scrape_configs": [job]}))
+    try:
+        def targets() -> list[dict[str, Any]]:
+            return httpx.get(f"{url}/api/v1/targets", timeout=2).json()["data"]["activeTargets"]
+
+        wait_for(lambda: len(targets()) == 2, 30, "two EC2 targets")
+        labels = [{k: t["labels"][k] for k in ("koi_cluster", "koi_job", "koi_rank", "koi_env")} for t in targets()]
+        assert labels == [{"koi_cluster": cluster, "koi_job": "job-0", "koi_rank": rank.rank_id("job-0"),
+                           "koi_env": env.env_id}] * 2
+        assert {t["labels"]["instance"] for t in targets()} == {f"{h}:8000" for _, _, _, hs in fleet.engine_hosts()
+                                                               for h in hs}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
