@@ -111,12 +111,10 @@ class PrometheusTelemetry:
         n = math.ceil((t_end - t_start + self.window_s) / self.step_s) + 1
         return t_end - n * self.step_s, n
 
-    def query_range(self, query: str, start: float, end: float) -> list[dict[str, Any]]:
-        """The ``result`` of ``/api/v1/query_range`` (a matrix); :class:`PrometheusUnavailable` or ``ValueError``."""
+    def _get(self, path: str, params: dict[str, str], result_type: str) -> list[dict[str, Any]]:
+        """``data.result`` of one API call; :class:`PrometheusUnavailable` or ``ValueError`` (choice 2)."""
         try:
-            r = self._client.get(f"{self.url}/api/v1/query_range", timeout=self.timeout_s,
-                                 params={"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                         "step": f"{self.step_s:g}"})
+            r = self._client.get(f"{self.url}{path}", params=params, timeout=self.timeout_s)
         except httpx.HTTPError as exc:
             raise PrometheusUnavailable(f"Prometheus at {self.url}: {type(exc).__name__}: {exc}") from exc
         if r.status_code >= 500:
@@ -129,9 +127,25 @@ class PrometheusTelemetry:
             what = body.get("error") if isinstance(body, dict) else body
             raise ValueError(f"HTTP {r.status_code}: {what!r}"[:300])
         data = body.get("data")
-        if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
-            raise ValueError(f"expected a matrix, got {str(data)[:200]}")
+        if not isinstance(data, dict) or data.get("resultType") != result_type or not isinstance(data.get("result"), list):
+            raise ValueError(f"expected a {result_type}, got {str(data)[:200]}")
         return data["result"]
+
+    def query_range(self, query: str, start: float, end: float) -> list[dict[str, Any]]:
+        """The matrix of ``/api/v1/query_range`` on the grid ``start, start + step_s, ..., end``."""
+        return self._get("/api/v1/query_range", {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                 "step": f"{self.step_s:g}"}, "matrix")
+
+    def engines_up(self, cluster_id: str) -> dict[tuple[str, str], tuple[int, int]]:
+        """(job, rank) -> (engines Prometheus scraped successfully last time, engines it scrapes): ``koi fleet
+        show``'s check that Prometheus sees the fleet Koi runs."""
+        out: dict[tuple[str, str], tuple[int, int]] = {}
+        for row in self._get("/api/v1/query", {"query": f"up{{koi_cluster={_promql_string(cluster_id)}}}"}, "vector"):
+            m = row.get("metric", {})
+            key = (m.get("koi_job", "?"), m.get("koi_rank", "?"))
+            up, n = out.get(key, (0, 0))
+            out[key] = (up + (_value(row["value"][1]) == 1.0), n + 1)
+        return out
 
     def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
         """One window per rank with samples at grid points in ``(t_start, t_end]``."""

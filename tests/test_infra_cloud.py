@@ -254,8 +254,53 @@ def test_koi_fleet_show_reads_pools_and_ranks_from_ec2(tmp_path, moto_endpoint, 
                              "budget": 4, "used": 3, "free": 1}]
     [rk] = doc["ranks"]
     assert (rk["job"], rk["rank"], rk["replicas"], rk["state"]) == ("job-0", rank.rank_id("job-0"), 3, "serving")
+    assert doc["telemetry"] == {"source": "worker scrape", "every_s": 15.0}
     r = CliRunner().invoke(app, ["fleet", "show", "--fleet", str(tmp_path / "nope.yaml")])
     assert r.exit_code == 2 and "cannot read fleet file" in r.output
+
+
+def test_koi_fleet_show_says_how_many_engines_prometheus_scrapes(tmp_path, moto_endpoint, ec2_factory):
+    """With prometheus_url: each rank's engines up in Prometheus, ranks Prometheus still scrapes that Koi no longer
+    runs, and an unreachable Prometheus reported (exit 0: the cloud part stands)."""
+    import json
+
+    from infra.aws import Ec2Fleet
+    from koi.cli import app
+    from tests.test_infra_prometheus import FakePrometheus
+    from tests.test_infra_vllm_metrics import closed_port_url
+
+    fake = FakePrometheus()
+    try:
+        f = tmp_path / "fleet.yaml"
+        f.write_text(FLEET_YAML + f"endpoint_url: {moto_endpoint}\nprometheus_url: {fake.url}\n")
+        cluster = f"c-{uuid.uuid4().hex[:8]}"
+        ec2 = Ec2Fleet(cluster, load_fleet(f).resources, client_factory=ec2_factory, image_id="ami-0123456789abcdef0")
+        rank = Rank(env=ENV, config=ChainConfig(instance_type="g6.xlarge"), n_replicas=2)
+        assert ec2.launch(job(0), rank, "k-show").status.value == "launched"
+        rid = rank.rank_id("job-0")
+        up = [({"koi_job": "job-0", "koi_rank": rid, "instance": f"h{i}:8000"}, v) for i, v in enumerate(["1", "0"])]
+        up.append(({"koi_job": "job-9", "koi_rank": "gone", "instance": "h9:8000"}, "0"))
+        fake.reply = (200, {"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"__name__": "up", "koi_cluster": cluster, **m}, "value": [1.0, v]} for m, v in up]}})
+        creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
+        args = ["fleet", "show", "--fleet", str(f), "--cluster", cluster, "--json"]
+        r = CliRunner().invoke(app, args, env=creds)
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        assert [rk["engines_up"] for rk in doc["ranks"]] == ["1/2"]
+        assert doc["telemetry"] == {"source": "prometheus", "url": fake.url, "ranks_scraped": 2,
+                                    "stale_ranks": ["job-9/gone"]}
+        assert fake.requests[-1]["query"] == f'up{{koi_cluster="{cluster}"}}'
+        r = CliRunner().invoke(app, args[:-1], env=creds)
+        assert r.exit_code == 0 and f"telemetry: prometheus at {fake.url}" in r.output and "1/2" in r.output, r.output
+        f.write_text(FLEET_YAML + f"endpoint_url: {moto_endpoint}\nprometheus_url: "
+                     f"{closed_port_url().removesuffix('/metrics')}\nprometheus_timeout_s: 1\n")
+        r = CliRunner().invoke(app, args, env=creds)
+        assert r.exit_code == 0, r.output
+        tel = json.loads(r.stdout)["telemetry"]
+        assert tel["source"] == "prometheus" and "PrometheusUnavailable" in tel["error"]
+    finally:
+        fake.close()
 
 
 def test_a_real_fleet_cluster_starts_live_and_refuses_simulated_mode():

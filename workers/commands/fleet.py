@@ -2,7 +2,8 @@
 
 ``koi fleet show --fleet fleet.yaml --cluster koi-prod`` checks the fleet file, reaches the cloud with the
 credentials the workers will use, and lists each pool's budget and what the cluster's instances occupy, then each rank Koi runs
-there (job, replicas ready of the target, state). Nothing is changed. It is the dry run an operator wants before
+there (job, replicas ready of the target, state), and where S1's telemetry comes from (with Prometheus: how many of
+each rank's engines it scrapes). Nothing is changed. It is the dry run an operator wants before
 ``koi worker --world aws|gcp`` and the first place to look when a tick says a launch was refused.
 """
 
@@ -54,14 +55,38 @@ def show(
     ranks = [{"job": d.job_id, "rank": d.rank_id, "env": d.rank.env.env_id,
               "instance_type": d.rank.config.instance_type, "replicas_ready": d.replicas_ready,
               "replicas": d.rank.n_replicas, "state": d.state.value} for d in deps]
+    telemetry = _telemetry(spec, cluster_id, ranks)
     if json_out:
-        print_json({"cluster": cluster_id, "pools": pools, "ranks": ranks})
+        print_json({"cluster": cluster_id, "pools": pools, "ranks": ranks, "telemetry": telemetry})
         return
     emit(pools, False, title=f"fleet of cluster {cluster_id}: pools")
     if ranks:
         emit(ranks, False, title="ranks")
     else:
         console.print("no ranks: Koi runs nothing on this fleet for this cluster")
+    console.print(f"telemetry: {telemetry['source']}" + (f" at {telemetry['url']}" if telemetry.get("url") else "")
+                  + (f" — {telemetry['error']}" if telemetry.get("error") else ""))
+
+
+def _telemetry(spec, cluster_id: str, ranks: list[dict]) -> dict:  # noqa: ANN001 - infra.cloud.FleetSpec
+    """Where S1's samples come from; with Prometheus, whether it reaches it and how many of each rank's engines it
+    scrapes (``engines_up`` is added to each rank row). Prometheus down is reported, not an exit."""
+    if not spec.prometheus_url:
+        return {"source": "worker scrape", "every_s": spec.scrape_every_s}
+    from infra.prometheus import PrometheusTelemetry
+
+    tel = PrometheusTelemetry(spec.prometheus_url, timeout_s=spec.prometheus_timeout_s)
+    try:
+        up = tel.engines_up(cluster_id)
+    except Exception as exc:  # noqa: BLE001 - unreachable or a bad answer: say so, the cloud part still stands
+        return {"source": "prometheus", "url": spec.prometheus_url, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        tel.close()
+    for r in ranks:
+        ok, n = up.get((r["job"], r["rank"]), (0, 0))
+        r["engines_up"] = f"{ok}/{n}"
+    unknown = sorted(f"{j}/{k}" for j, k in up if not any((r["job"], r["rank"]) == (j, k) for r in ranks))
+    return {"source": "prometheus", "url": spec.prometheus_url, "ranks_scraped": len(up), "stale_ranks": unknown}
 
 
 def register(root: typer.Typer) -> None:
