@@ -87,7 +87,7 @@ class FleetSpec(KoiModel):
     prometheus_file_sd: str | None = Field(default=None, min_length=1,
                                            description="a directory: Koi writes koi-<cluster>.json there for "
                                                        "Prometheus' file_sd_configs (the engines and rank labels)")
-    prometheus_timeout_s: float = Field(default=10.0, gt=0)
+    prometheus_timeout_s: float = Field(default=30.0, gt=0)
 
     @property
     def resources(self) -> ResourceMap:
