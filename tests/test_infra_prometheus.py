@@ -367,3 +367,73 @@ def test_prometheus_ec2_discovery_labels_the_engines_from_koi_tags(tmp_path, ec2
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_prometheus_and_the_workers_own_scrapes_give_the_same_windows(tmp_path):
+    """The same engine pages at the same instants, once scraped by the worker's observer and once stored in a real
+    Prometheus (backfilled with ``promtool tsdb create-blocks-from openmetrics``: exact timestamps, no scrape
+    jitter): S1's windows agree to the float, counter reset and all."""
+    from infra.vllm_metrics import VllmMetricsObserver, parse_exposition
+
+    dt, n = 15.0, 14
+    t_first = dt * (time.time() // dt) - 3600.0  # an hour ago: inside retention, before Prometheus' head block
+    times = [t_first + dt * k for k in range(n)]
+    engines = {("job-a", "r1"): ["e0", "e1"], ("job-b", "r2"): ["e2"]}
+
+    def engine_page(e: int, k: int) -> str:
+        k_eff = k if not (e == 1 and k >= 8) else k - 8  # e1 restarts at step 8: its counters start over
+        m = 10 * k_eff * (e + 1)
+        return page(running=3 + (k * 7 + e) % 5, waiting=k % 3, kv=round(0.3 + 0.05 * ((k + e) % 7), 3),
+                    preempt=k_eff // 3, gen=250.0 * k_eff * (e + 2) + 3 * k_eff ** 2,
+                    hits=40 * k_eff, queries=100 * k_eff, ttft=(m, 2 * m, 3 * m + k_eff ** 2, 3 * m + k_eff ** 2,
+                                                                 3 * m + 2 * k_eff ** 2, 3 * m + 2 * k_eff ** 2),
+                    tpot=(m, m + k_eff, 2 * m, 2 * m, 2 * m), prompt=(700.0 * m, m), out=(150.0 * m + k_eff, m))
+
+    # the worker's observer scrapes loopback servers whose pages change at each instant
+    servers = {e: MetricsServer() for es in engines.values() for e in es}
+    clock = {"t": 0.0}
+    try:
+        targets = [ScrapeTarget(j, r, f"env-{r}", tuple(servers[e].url("/metrics") for e in es))
+                   for (j, r), es in engines.items()]
+        obs = VllmMetricsObserver(targets, clock=lambda: clock["t"], timeout_s=2.0)
+        for k, t in enumerate(times):
+            for e, srv in servers.items():
+                srv.pages["/metrics"] = engine_page(int(e[1:]), k)
+            clock["t"] = t
+            obs.scrape()
+    finally:
+        for srv in servers.values():
+            srv.close()
+
+    # the same pages, with Koi's target labels, as OpenMetrics for Prometheus
+    fam: dict[str, list[str]] = {}
+    for (j, r), es in engines.items():
+        for e in es:
+            extra = f'instance="{e}:8000",job="vllm",koi_cluster="c-eq",koi_job="{j}",koi_rank="{r}",koi_env="env-{r}"'
+            for k, t in enumerate(times):
+                for s in parse_exposition(engine_page(int(e[1:]), k)).samples:
+                    labels = "".join(f'{a}="{b}",' for a, b in s.labels)
+                    fam.setdefault(s.name, []).append(f"{s.name}{{{labels}{extra}}} {s.value!r} {t:.3f}")
+    om = "".join(f"# TYPE {name} unknown\n" + "\n".join(lines) + "\n" for name, lines in fam.items()) + "# EOF\n"
+    (tmp_path / "in.om").write_text(om)
+    promtool = str(Path(prometheus_bin()).with_name("promtool"))
+    done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "in.om"),
+                           str(tmp_path / "data")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    proc, url = start_prometheus(tmp_path, "global: {scrape_interval: 15s}\n")
+    try:
+        t_start, t_end = times[4], times[-1]  # a tick of 9 samples, the latency window reaching before it
+        direct = obs.telemetry(t_start, t_end, cluster_id="c-eq", tick=5)
+        tel = PrometheusTelemetry(url, step_s=dt)
+        via = tel.telemetry(t_start, t_end, cluster_id="c-eq", tick=5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert [(w.job_id, w.rank_id, w.env_id) for w in via] == [(w.job_id, w.rank_id, w.env_id) for w in direct]
+    assert len(direct) == 2 and all(len(w.times) == 9 for w in direct)
+    for a, b in zip(direct, via, strict=True):
+        assert b.times == a.times
+        assert sorted(b.series) == sorted(a.series)
+        for name in a.series:
+            assert b.series[name] == pytest.approx(a.series[name], rel=1e-12), name
+    assert "counter_reset" in {p.reason for p in tel.problems} and "counter_reset" in obs.problem_counts
