@@ -1,7 +1,7 @@
 """How long does S1 take to read a 400-engine fleet's tick from Prometheus? ``python benchmarks/prometheus_read.py
 [--engines N] [--tick-s 300] [--reads K] [--json]``.
 
-Backfills a real Prometheus (Debian's, ``scripts/ensure-prometheus.sh``) with ``promtool tsdb create-blocks-from
+Backfills a real Prometheus (Debian's, ``scripts/ensure-debian-tools.sh``) with ``promtool tsdb create-blocks-from
 openmetrics``: N engines (one rank each, the pages of ``benchmarks/vllm_scrape.py``: v1 names, ~90 series) sampled
 every 15 s over one tick plus the 120-s latency window, labelled as Koi's file discovery labels them. Then starts
 Prometheus on those blocks and times :meth:`infra.prometheus.PrometheusTelemetry.telemetry` for the tick K times
@@ -40,7 +40,7 @@ def binary(name: str) -> str:
     local = ROOT / ".venv/opt/prometheus/usr/bin" / name
     found = shutil.which(name) or (str(local) if local.exists() else None)
     if not found:
-        sys.exit(f"no {name}: run scripts/ensure-prometheus.sh")
+        sys.exit(f"no {name}: run scripts/ensure-debian-tools.sh")
     return found
 
 

@@ -33,6 +33,9 @@ Choices:
    unreachable Prometheus fails S1 and Temporal retries it. With ``prometheus_file_sd`` Koi also writes the scrape
    targets, labelled with cluster, job, rank and environment, for Prometheus' file service discovery (refreshed
    every ``targets_ttl_s``); a setup with cloud discovery relabels the instances' ``koi:*`` tags instead.
+5. **The gateway** (``gateway:``, :mod:`infra.gateway`): a thread per cluster writes the traffic split — each job's
+   ready replicas weighted by the planner's ``route_weight`` — for nginx (and as JSON) every ``every_s`` and at
+   once after the executor launched, scaled, reweighted or tore down anything.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from infra.aws import Ec2Fleet
+from infra.gateway import GatewaySpec, GatewaySync
 from infra.prometheus import PrometheusTelemetry, write_file_sd
 from infra.vllm_metrics import ScrapeTarget, VllmMetricsObserver
 from koi.domain import Deployment, Job, Pool, Rank, ResourceMap, TelemetryWindow
@@ -88,6 +92,8 @@ class FleetSpec(KoiModel):
                                            description="a directory: Koi writes koi-<cluster>.json there for "
                                                        "Prometheus' file_sd_configs (the engines and rank labels)")
     prometheus_timeout_s: float = Field(default=30.0, gt=0)
+    gateway: GatewaySpec | None = Field(default=None, description="where Koi writes the traffic split it plans "
+                                                                  "(infra/gateway.py, choice 5); None: nowhere")
 
     @property
     def resources(self) -> ResourceMap:
@@ -160,7 +166,7 @@ class Periodic:
 
     def __init__(self, fn: Callable[[], Any], every_s: float, name: str) -> None:
         self.fn, self.every_s, self.name = fn, every_s, name
-        self._stop = threading.Event()
+        self._stop, self._wake = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -174,10 +180,16 @@ class Periodic:
                 self.fn()
             except Exception as exc:  # noqa: BLE001 - a background task never takes the worker down
                 log.warning(f"{self.name}.failed", error=f"{type(exc).__name__}: {exc}")
-            self._stop.wait(self.every_s)
+            self._wake.wait(self.every_s)
+            self._wake.clear()
+
+    def kick(self) -> None:
+        """Run ``fn`` now rather than at the end of the period."""
+        self._wake.set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -191,11 +203,13 @@ class Scraper(Periodic):
 
 
 class CloudWorld:
-    """A cloud's executor (EC2, Compute Engine) + vLLM metrics behind the ports (module docstring)."""
+    """A cloud's executor (EC2, Compute Engine) + vLLM metrics behind the ports (module docstring). ``on_change``:
+    called after the executor changed the fleet (the gateway sync runs at once, choice 5)."""
 
-    def __init__(self, fleet: Any, metrics: VllmMetricsObserver | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, fleet: Any, metrics: VllmMetricsObserver | PrometheusTelemetry | None = None,
+                 clock: Callable[[], float] = time.time, on_change: Callable[[], None] | None = None) -> None:
         self.fleet, self.metrics, self._clock = fleet, metrics, clock
+        self._on_change = on_change or (lambda: None)
 
     # ---- Observer -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -220,18 +234,30 @@ class CloudWorld:
 
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
-        return self.fleet.launch(job, rank, idempotency_key)
+        try:
+            return self.fleet.launch(job, rank, idempotency_key)
+        finally:
+            self._on_change()
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
                  handover: bool = False) -> bool:
-        return self.fleet.teardown(job_id, rank_id, idempotency_key, drain_s=drain_s, handover=handover)
+        try:
+            return self.fleet.teardown(job_id, rank_id, idempotency_key, drain_s=drain_s, handover=handover)
+        finally:
+            self._on_change()
 
     def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
               drain_s: float | None = None) -> LaunchResult:
-        return self.fleet.scale(job_id, rank_id, n_replicas, idempotency_key, drain_s=drain_s)
+        try:
+            return self.fleet.scale(job_id, rank_id, n_replicas, idempotency_key, drain_s=drain_s)
+        finally:
+            self._on_change()
 
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
-        return self.fleet.reweight(job_id, rank_id, route_weight, idempotency_key)
+        try:
+            return self.fleet.reweight(job_id, rank_id, route_weight, idempotency_key)
+        finally:
+            self._on_change()
 
 
 def scrape_targets(fleet: Any, spec: FleetSpec) -> Callable[[], Sequence[ScrapeTarget]]:
@@ -271,6 +297,7 @@ class CloudWorldProvider:
             raise FleetError("the gcp world needs 'project' in the fleet file")
         self.scrapers: dict[str, Scraper] = {}
         self.publishers: dict[str, Periodic] = {}
+        self.gateways: dict[str, Periodic] = {}
         self.prometheus: dict[str, PrometheusTelemetry] = {}
         self._lock = threading.Lock()
         if scrape:  # httpx logs every request at INFO: 400 engines every 15 s would drown the worker's log
@@ -279,24 +306,40 @@ class CloudWorldProvider:
     def world(self, cluster_id: str) -> CloudWorld:
         spec = self.spec
         fleet = make_fleet(spec, cluster_id, self.cloud, clock=self.clock, client=self.client)
-        if spec.prometheus_file_sd and self.scrape:
-            self._publish(cluster_id, fleet)
-        if spec.prometheus_url:
-            with self._lock:
+        on_change = None
+        if self.scrape:  # background threads: the file-SD publisher, the gateway sync, the scraper
+            if spec.prometheus_file_sd:
+                self._publish(cluster_id, fleet)
+            if spec.gateway is not None:
+                on_change = self._gateway(cluster_id, fleet).kick
+        metrics: VllmMetricsObserver | PrometheusTelemetry | None = None
+        with self._lock:
+            if spec.prometheus_url:
                 if cluster_id not in self.prometheus:
                     self.prometheus[cluster_id] = PrometheusTelemetry(
                         spec.prometheus_url, step_s=spec.scrape_every_s, timeout_s=spec.prometheus_timeout_s)
-            return CloudWorld(fleet, self.prometheus[cluster_id], self.clock)
-        if not self.scrape:
-            return CloudWorld(fleet, None, self.clock)
+                metrics = self.prometheus[cluster_id]
+            elif self.scrape:
+                if cluster_id not in self.scrapers:
+                    obs = VllmMetricsObserver(scrape_targets(fleet, spec), clock=self.clock,
+                                              timeout_s=spec.scrape_timeout_s)
+                    self.scrapers[cluster_id] = Scraper(obs, spec.scrape_every_s)
+                    self.scrapers[cluster_id].start()
+                    log.info("cloud.scraping", cluster=cluster_id, every_s=spec.scrape_every_s)
+                metrics = self.scrapers[cluster_id].observer
+        return CloudWorld(fleet, metrics, self.clock, on_change)
+
+    def _gateway(self, cluster_id: str, fleet: Any) -> Periodic:
+        """The cluster's gateway sync (choice 5), started once per process."""
+        assert self.spec.gateway is not None
         with self._lock:
-            if cluster_id not in self.scrapers:
-                obs = VllmMetricsObserver(scrape_targets(fleet, spec), clock=self.clock,
-                                          timeout_s=spec.scrape_timeout_s)
-                self.scrapers[cluster_id] = Scraper(obs, spec.scrape_every_s)
-                self.scrapers[cluster_id].start()
-                log.info("cloud.scraping", cluster=cluster_id, every_s=spec.scrape_every_s)
-        return CloudWorld(fleet, self.scrapers[cluster_id].observer, self.clock)
+            if cluster_id not in self.gateways:
+                sync = GatewaySync(self.spec.gateway, cluster_id, fleet, self.spec.metrics_port)
+                self.gateways[cluster_id] = Periodic(sync.sync, self.spec.gateway.every_s, "koi-gateway")
+                self.gateways[cluster_id].start()
+                log.info("cloud.gateway", cluster=cluster_id, kind=self.spec.gateway.kind,
+                         directory=self.spec.gateway.directory)
+            return self.gateways[cluster_id]
 
     def _publish(self, cluster_id: str, fleet: Any) -> None:
         """Keep ``koi-<cluster>.json`` in ``prometheus_file_sd`` up to date with the scrape targets (choice 4)."""
@@ -347,7 +390,7 @@ class CloudWorldProvider:
         return float(self.clock())
 
     def close(self) -> None:
-        for p in self.publishers.values():
+        for p in [*self.publishers.values(), *self.gateways.values()]:
             p.stop()
         for s in self.scrapers.values():
             s.stop()

@@ -2,7 +2,7 @@
 # Start the local PostgreSQL when it is down, rather than skipping the tests that need it.
 # Install Debian's docker-compose when missing: tests/test_temporal_compose.py validates
 # docker-compose.yml with `docker-compose config` (no Docker engine needed).
-# Fetch Debian's Prometheus into .venv/opt (scripts/ensure-prometheus.sh): tests/test_infra_prometheus.py runs it.
+# Fetch Debian's Prometheus and nginx into .venv/opt (scripts/ensure-debian-tools.sh) for the tests that run them.
 set -euo pipefail
 if ! command -v docker-compose >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
@@ -14,7 +14,7 @@ if ! command -v docker-compose >/dev/null; then
     echo "docker-compose is missing (apt-get install docker-compose); tests/test_temporal_compose.py will fail" >&2
   fi
 fi
-"$(dirname "$0")/ensure-prometheus.sh"
+"$(dirname "$0")/ensure-debian-tools.sh"
 if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
   exit 0
 fi

@@ -153,6 +153,8 @@ def test_the_scraper_keeps_scraping_when_a_scrape_raises():
     ("pools: []\n", "pools"),
     (FLEET_YAML.replace("gpus_per_instance: 1", "gpus_per_instance: 0"), "pools.0.gpus_per_instance"),
     (FLEET_YAML + "metrics_port: 99999\n", "metrics_port"),
+    (FLEET_YAML + "gateway: {kind: envoy, directory: /tmp/gw}\n", "gateway.kind"),
+    (FLEET_YAML + "gateway: {kind: nginx}\n", "gateway.directory"),
 ])
 def test_a_bad_fleet_file_names_what_is_wrong(tmp_path, text, needle):
     f = tmp_path / "fleet.yaml"
@@ -408,3 +410,40 @@ def test_with_prometheus_s1_reads_it_and_koi_publishes_the_targets(tmp_path, spe
     finally:
         provider.close()
         fake.close()
+
+
+def test_the_gateway_sync_follows_what_the_executor_does_at_once(tmp_path, spec, ec2_factory):
+    """``gateway:``: after a tick launches on EC2 the routes file lists the job's ready replicas, and a teardown
+    empties it — each within moments, although the periodic sync is an hour apart (the executor kicks it)."""
+    import json
+    import time
+
+    from infra.gateway import GatewaySpec
+
+    routes = tmp_path / "gw"
+    live = spec.model_copy(update={"gateway": GatewaySpec(directory=str(routes), every_s=3600.0)})
+    cluster, clock = f"c-{uuid.uuid4().hex[:8]}", Clock()
+    provider = CloudWorldProvider(live, client_factory=ec2_factory, clock=clock)
+
+    def jobs_soon(want: set[str]) -> dict:
+        end, table = time.time() + 10, {}
+        while time.time() < end:
+            f = routes / f"routes-{cluster}.json"
+            table = json.loads(f.read_text())["jobs"] if f.exists() else {}
+            if set(table) == want:
+                return table
+            time.sleep(0.05)
+        pytest.fail(f"routes {table}, want jobs {want}")
+
+    try:
+        rt = runtime(tmp_path, provider)
+        run_ticks(rt, cluster, 0, jobs=[job(0)])
+        assert run_tick(rt, cluster, 0).deploy.launched == 1
+        table = jobs_soon({"job-0"})
+        heads = {f"{i['PrivateIpAddress']}:8001" for i in koi_instances(ec2_factory, cluster)}
+        assert {b["address"] for b in table["job-0"]} == heads and len(heads) == 2
+        (dep,) = provider.world(cluster).deployments()
+        assert provider.world(cluster).teardown("job-0", dep.rank_id, "k-down")
+        jobs_soon(set())
+    finally:
+        provider.close()

@@ -1,5 +1,5 @@
 """infra.prometheus: S1's telemetry read back from a real Prometheus server (Debian's, fetched by
-scripts/ensure-prometheus.sh) that scraped loopback vLLM pages found through the file-SD file Koi wrote;
+scripts/ensure-debian-tools.sh) that scraped loopback vLLM pages found through the file-SD file Koi wrote;
 and the failure paths against a loopback fake of Prometheus' HTTP API."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def prometheus_bin() -> str:
         return found
     if local.exists():
         return str(local)
-    pytest.fail("no prometheus binary: run scripts/ensure-prometheus.sh (make test does) or set KOI_PROMETHEUS_BIN")
+    pytest.fail("no prometheus binary: run scripts/ensure-debian-tools.sh (make test does) or set KOI_PROMETHEUS_BIN")
 
 
 def free_port() -> int:

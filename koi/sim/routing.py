@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from koi import catalog
+from koi.domain.routing import gateway_weights
 from koi.sim.engine import WAITING
 from koi.sim.records import Status, blank
 from koi.sim.runtime import JobRT
@@ -41,11 +42,8 @@ class RequestFlow:
             # the planner's weights when every serving rank carries one (one unit system), else nominal
             planned = bool(raw) and all(w is not None for _, _, w, _ in raw)
             entries = [(e, (w / sp) if planned else c) for e, c, w, sp in raw]
-            if entries:
-                lo = min(c for _, c in entries)
-                for e, c in entries:
-                    w = max(1, min(16, round(4.0 * c / lo)))
-                    slots.extend(((j + 0.5) / w, e) for j in range(w))
+            for (e, _), w in zip(entries, gateway_weights([c for _, c in entries]), strict=True):
+                slots.extend(((j + 0.5) / w, e) for j in range(w))
             slots.sort()
             jr.wheel = np.array([e for _, e in slots], dtype=np.int64)
         lens = np.array([len(jr.wheel) for jr in self.jobs], dtype=np.int64)
