@@ -26,8 +26,9 @@ recognised from ``koi:last-key``/``koi:teardown-key``/``koi:reweight-key``; for 
 instances that lasts as long as EC2 still lists them (about an hour). A FAILED launch leaves
 nothing in the cloud, so repeating its key tries again (the ledger would answer DUPLICATE).
 
-Draining is the gateway's job: it stops routing to a replica before the executor is told to
-release it. This executor terminates at once; ``drain_s`` and ``handover`` are only logged.
+A teardown hands over and drains (:mod:`infra.drain`: a ``koi:drain`` record on the rank's instances,
+moved on by :meth:`Ec2Fleet.sweep`), unless ``drain_s`` is 0 without a handover: then it terminates at once.
+A scale-in terminates the removed replicas at once.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from infra import drain
 from infra.replicas import ReplicaGroups
-from koi.domain import Deployment, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
 
@@ -58,6 +60,7 @@ T_KEY, T_LAUNCH_KEY, T_LAST_KEY = "koi:key", "koi:launch-key", "koi:last-key"
 T_REPLICA, T_BASE, T_NODES = "koi:replica", "koi:replica-base", "koi:nodes"
 T_REPLICAS, T_GEN, T_SPEC = "koi:replicas", "koi:gen", "koi:rank-spec"
 T_WEIGHT, T_REWEIGHT, T_TEARDOWN = "koi:route-weight", "koi:reweight-key", "koi:teardown-key"
+T_DRAIN = "koi:drain"
 
 TAG_MAX = 256
 #: States in which an instance still holds a place in its pool.
@@ -67,6 +70,7 @@ PRESENT = ("pending", "running", "stopping", "stopped")
 UP = ("pending", "running")
 _AZ_ID = re.compile(r"^[a-z]{2,}\d+-az\d+$")  # an AZ id (use1-az1), not a name (us-east-1a)
 _NO_ZONE = {"any", "*", ""}
+_REGION = "koi:region"  # added to each instance dict _ranks() lists: where to act on it
 
 
 def tag_value(v: str) -> str:
@@ -161,29 +165,66 @@ class Ec2Fleet:
     def _ranks(self) -> dict[str, _Rank]:
         """This cluster's ranks as EC2 lists them (instances not on their way out), by rank id."""
         by_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for i in self._describe_all({}, PRESENT):
-            if T_RANK in (t := _tags(i)):
-                by_rank[t[T_RANK]].append(i)
+        for region, insts in self._describe_by_region({}, PRESENT).items():
+            for i in insts:
+                if T_RANK in (t := _tags(i)):
+                    by_rank[t[T_RANK]].append({**i, _REGION: region})
         return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
 
     def deployments(self) -> list[Deployment]:
-        return [r.deployment(r.head[T_JOB], rank_from_tags(r.head), r.head.get(T_LAUNCH_KEY, ""))
-                for r in self._ranks().values()]
+        """Each rank; one handing over or draining is DRAINING (:mod:`infra.drain`)."""
+        out = []
+        for r in self._ranks().values():
+            d = r.deployment(r.head[T_JOB], rank_from_tags(r.head), r.head.get(T_LAUNCH_KEY, ""))
+            out.append(d.model_copy(update={"state": DeploymentState.DRAINING}) if T_DRAIN in r.head else d)
+        return out
+
+    @staticmethod
+    def _hosts(r: _Rank) -> tuple[str, ...]:
+        """Each ready replica's head node — the instance with the lowest launch index, where vLLM's API server
+        and its ``/metrics`` run — by private address (the engines serve inside the VPC), else the public one."""
+        hosts = []
+        for k in r.ready():
+            head = min(r.replicas[k], key=lambda i: int(i.get("AmiLaunchIndex", 0)))
+            if addr := head.get("PrivateIpAddress") or head.get("PublicIpAddress"):
+                hosts.append(str(addr))
+        return tuple(hosts)
 
     def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
-        """(job id, rank id, env id, hosts): each ready replica's head node — the instance with the lowest
-        launch index, where vLLM's API server and its ``/metrics`` run — by private address (the
-        engines serve inside the VPC), else the public one."""
-        out = []
-        for rid, r in self._ranks().items():
-            hosts = []
-            for k in r.ready():
-                head = min(r.replicas[k], key=lambda i: int(i.get("AmiLaunchIndex", 0)))
-                addr = head.get("PrivateIpAddress") or head.get("PublicIpAddress")
-                if addr:
-                    hosts.append(str(addr))
-            if hosts:
-                out.append((r.head[T_JOB], rid, rank_from_tags(r.head).env.env_id, tuple(hosts)))
+        """(job id, rank id, env id, hosts) of every rank with a ready replica, draining ones included (the
+        engines to scrape)."""
+        return [(r.head[T_JOB], rid, rank_from_tags(r.head).env.env_id, hosts)
+                for rid, r in self._ranks().items() if (hosts := self._hosts(r))]
+
+    def routes(self) -> list[tuple[str, Rank, tuple[str, ...]]]:
+        """(job id, rank, hosts) of the ranks the gateway routes to: live and handing over, not draining."""
+        return [(r.head[T_JOB], rank_from_tags(r.head), hosts) for r in self._ranks().values()
+                if drain.routable(drain.Drain.decode(r.head.get(T_DRAIN))) and (hosts := self._hosts(r))]
+
+    def _views(self, ranks: Mapping[str, _Rank]) -> dict[str, drain.RankView]:
+        return {rid: drain.RankView(r.head[T_JOB], len(r.alive()), len(r.ready()),
+                                    drain.Drain.decode(r.head.get(T_DRAIN))) for rid, r in ranks.items()}
+
+    def sweep(self) -> int:
+        """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
+        terminate those whose drain is over. Returns how many ranks were released."""
+        ranks = self._ranks()
+        start, done = drain.sweep(self._views(ranks), self.now())
+        for rid, d in start.items():
+            for region, ids in self._ids_by_region(ranks[rid]).items():
+                self._client(region).create_tags(Resources=ids, Tags=_tag_list({T_DRAIN: d.encode()}))
+            self._log.info("aws.drain", rank=rid, job=ranks[rid].head[T_JOB], drain_s=d.drain_s)
+        for rid in done:
+            for region, ids in self._ids_by_region(ranks[rid]).items():
+                self._terminate(region, ids)
+            self._log.info("aws.released", rank=rid, job=ranks[rid].head[T_JOB])
+        return len(done)
+
+    @staticmethod
+    def _ids_by_region(r: _Rank) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = defaultdict(list)
+        for i in r.insts:
+            out[i[_REGION]].append(i["InstanceId"])
         return out
 
     # ---- Executor -------------------------------------------------------------------------------
@@ -275,18 +316,28 @@ class Ec2Fleet:
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
                  handover: bool = False) -> bool:
-        """Terminate the rank's instances at once (the gateway drains); a cloud error raises, so the
-        activity retries rather than leaking paid instances."""
+        """Hand over and drain the rank (:mod:`infra.drain`), or terminate it at once when ``drain_s`` is 0
+        without a handover; a cloud error raises, so the activity retries rather than leaking paid instances."""
         tv = tag_value(idempotency_key)
         seen = self._describe_by_region({T_RANK: rank_id}, None)
         if any(_tags(i).get(T_TEARDOWN) == tv for insts in seen.values() for i in insts):
             return False
+        mark: dict[str, str] = {T_TEARDOWN: tv}
+        deferred = handover or drain_s > 0
+        if deferred:
+            ranks = self._ranks()
+            if rank_id not in ranks or ranks[rank_id].head[T_JOB] != job_id or T_DRAIN in ranks[rank_id].head:
+                return False
+            d = drain.begin(rank_id, self._views(ranks), self.now(), drain_s, handover)
+            mark[T_DRAIN] = d.encode()
+            deferred = drain.phase(d, self.now()) != "done"
         gone = 0
         for region, insts in seen.items():
             ids = [i["InstanceId"] for i in insts if _state(i) in PRESENT and _tags(i).get(T_JOB) == job_id]
             if ids:
-                self._client(region).create_tags(Resources=ids, Tags=_tag_list({T_TEARDOWN: tv}))
-                self._terminate(region, ids)
+                self._client(region).create_tags(Resources=ids, Tags=_tag_list(mark))
+                if not deferred:
+                    self._terminate(region, ids)
                 gone += len(ids)
         if gone:
             self._log.info("aws.teardown", job=job_id, rank=rank_id, key=idempotency_key, instances=gone,

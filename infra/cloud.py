@@ -36,6 +36,10 @@ Choices:
 5. **The gateway** (``gateway:``, :mod:`infra.gateway`): a thread per cluster writes the traffic split — each job's
    ready replicas weighted by the planner's ``route_weight`` — for nginx (and as JSON) every ``every_s`` and at
    once after the executor launched, scaled, reweighted or tore down anything.
+6. **Draining runs in the worker too**: a thread per cluster sweeps torn-down ranks every ``sweep_every_s``
+   (:mod:`infra.drain`: a handover's drain starts once its replacement serves, a drain's instances are released
+   when it is over), and each world sweeps once before its first executor call. While no worker runs, a drained
+   rank keeps its instances (and its cost) until one does.
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ class FleetSpec(KoiModel):
                                            description="a directory: Koi writes koi-<cluster>.json there for "
                                                        "Prometheus' file_sd_configs (the engines and rank labels)")
     prometheus_timeout_s: float = Field(default=30.0, gt=0)
+    sweep_every_s: float = Field(default=10.0, gt=0, description="how often the worker moves torn-down ranks "
+                                                                   "on: handover, drain, release (infra/drain.py)")
     gateway: GatewaySpec | None = Field(default=None, description="where Koi writes the traffic split it plans "
                                                                   "(infra/gateway.py, choice 5); None: nowhere")
 
@@ -210,6 +216,15 @@ class CloudWorld:
                  clock: Callable[[], float] = time.time, on_change: Callable[[], None] | None = None) -> None:
         self.fleet, self.metrics, self._clock = fleet, metrics, clock
         self._on_change = on_change or (lambda: None)
+        self._swept = False
+
+    def _sweep_once(self) -> None:
+        """Before this world's first executor call: release what finished draining, start due drains
+        (:mod:`infra.drain`), so capacity and handovers are current even when no background sweep runs."""
+        if not self._swept:
+            self._swept = True
+            if self.fleet.sweep():
+                self._on_change()
 
     # ---- Observer -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -234,6 +249,7 @@ class CloudWorld:
 
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
+        self._sweep_once()
         try:
             return self.fleet.launch(job, rank, idempotency_key)
         finally:
@@ -241,6 +257,7 @@ class CloudWorld:
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
                  handover: bool = False) -> bool:
+        self._sweep_once()
         try:
             return self.fleet.teardown(job_id, rank_id, idempotency_key, drain_s=drain_s, handover=handover)
         finally:
@@ -248,12 +265,14 @@ class CloudWorld:
 
     def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
               drain_s: float | None = None) -> LaunchResult:
+        self._sweep_once()
         try:
             return self.fleet.scale(job_id, rank_id, n_replicas, idempotency_key, drain_s=drain_s)
         finally:
             self._on_change()
 
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        self._sweep_once()
         try:
             return self.fleet.reweight(job_id, rank_id, route_weight, idempotency_key)
         finally:
@@ -298,6 +317,7 @@ class CloudWorldProvider:
         self.scrapers: dict[str, Scraper] = {}
         self.publishers: dict[str, Periodic] = {}
         self.gateways: dict[str, Periodic] = {}
+        self.reapers: dict[str, Periodic] = {}
         self.prometheus: dict[str, PrometheusTelemetry] = {}
         self._lock = threading.Lock()
         if scrape:  # httpx logs every request at INFO: 400 engines every 15 s would drown the worker's log
@@ -312,6 +332,7 @@ class CloudWorldProvider:
                 self._publish(cluster_id, fleet)
             if spec.gateway is not None:
                 on_change = self._gateway(cluster_id, fleet).kick
+            self._reaper(cluster_id, fleet, on_change)
         metrics: VllmMetricsObserver | PrometheusTelemetry | None = None
         with self._lock:
             if spec.prometheus_url:
@@ -328,6 +349,17 @@ class CloudWorldProvider:
                     log.info("cloud.scraping", cluster=cluster_id, every_s=spec.scrape_every_s)
                 metrics = self.scrapers[cluster_id].observer
         return CloudWorld(fleet, metrics, self.clock, on_change)
+
+    def _reaper(self, cluster_id: str, fleet: Any, on_change: Callable[[], None] | None) -> None:
+        """The cluster's drain sweep every ``sweep_every_s`` (choice 6), started once per process."""
+        def sweep() -> None:
+            if fleet.sweep() and on_change is not None:
+                on_change()
+
+        with self._lock:
+            if cluster_id not in self.reapers:
+                self.reapers[cluster_id] = Periodic(sweep, self.spec.sweep_every_s, "koi-reaper")
+                self.reapers[cluster_id].start()
 
     def _gateway(self, cluster_id: str, fleet: Any) -> Periodic:
         """The cluster's gateway sync (choice 5), started once per process."""
@@ -390,7 +422,7 @@ class CloudWorldProvider:
         return float(self.clock())
 
     def close(self) -> None:
-        for p in [*self.publishers.values(), *self.gateways.values()]:
+        for p in [*self.publishers.values(), *self.gateways.values(), *self.reapers.values()]:
             p.stop()
         for s in self.scrapers.values():
             s.stop()

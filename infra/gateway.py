@@ -18,7 +18,8 @@ Choices (the spec's gateway is the simulator's router, :mod:`koi.sim.routing`; a
    rank's ``route_weight`` when every serving rank of the job carries one, else 1 (the simulator's fallback is
    the nominal decode capacity, which needs the performance model; the executors always store the planner's
    weight when it gave one). nginx's smooth weighted round-robin then sends exactly those shares per cycle.
-2. **Only ready replicas' head nodes serve**: a launching replica or a worker node of a multi-node replica gets
+2. **Only ready replicas' head nodes serve**, of live ranks and of ranks handing over to their replacement
+   (:mod:`infra.drain`); a draining rank, a launching replica or a worker node of a multi-node replica gets
    no traffic. A job with no ready replica answers 503 with ``Retry-After`` (the simulator's requests wait at the
    gateway; a client of a real gateway retries).
 3. **Write only on change, atomically**, and reload only then: a sync that finds the same table does nothing, so
@@ -40,7 +41,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from koi.domain import Deployment
+from koi.domain import Rank
 from koi.domain.common import KoiModel
 from koi.domain.routing import gateway_weights
 from koi.logging import get_logger
@@ -69,22 +70,19 @@ class GatewaySpec(KoiModel):
     every_s: float = Field(default=15.0, gt=0, description="the periodic sync's period")
 
 
-def route_table(cluster_id: str, deployments: Sequence[Deployment],
-                engine_hosts: Sequence[tuple[str, str, str, Sequence[str]]], port: int) -> RouteTable:
-    """Each job's ready replicas and their weights (choices 1 and 2). ``engine_hosts``: the fleet's
-    ``(job, rank, env, head hosts of ready replicas)``."""
-    ranks = {(d.job_id, d.rank_id): d.rank for d in deployments if d.is_live}
-    by_job: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for job, rid, _env, hosts in engine_hosts:
-        if (job, rid) in ranks:
-            by_job[job].extend((rid, h) for h in hosts)
+def route_table(cluster_id: str, routes: Sequence[tuple[str, Rank, Sequence[str]]], port: int) -> RouteTable:
+    """Each job's ready replicas and their weights (choices 1 and 2). ``routes``: the fleet's ``(job, rank, head
+    hosts of ready replicas)`` of the ranks it routes to (live or handing over, :mod:`infra.drain`)."""
+    by_job: dict[str, list[tuple[str, str, Rank]]] = defaultdict(list)
+    for job, rank, hosts in routes:
+        by_job[job].extend((rank.rank_id(job), h, rank) for h in hosts)
     jobs: dict[str, list[Backend]] = {}
     for job, reps in sorted(by_job.items()):
-        reps.sort()
-        planned = all(ranks[(job, rid)].route_weight is not None for rid, _ in reps)
-        caps = [float(ranks[(job, rid)].route_weight or 1.0) if planned else 1.0 for rid, _ in reps]
+        reps.sort(key=lambda x: (x[0], x[1]))
+        planned = all(r.route_weight is not None for _, _, r in reps)
+        caps = [float(r.route_weight or 1.0) if planned else 1.0 for _, _, r in reps]
         jobs[job] = [Backend(rank_id=rid, address=f"{h}:{port}", weight=w)
-                     for (rid, h), w in zip(reps, gateway_weights(caps), strict=True)]
+                     for (rid, h, _), w in zip(reps, gateway_weights(caps), strict=True)]
     return RouteTable(cluster_id=cluster_id, jobs=jobs)
 
 
@@ -129,7 +127,7 @@ def _write(path: Path, text: str) -> bool:
 
 class GatewaySync:
     """Builds the route table from a fleet and writes it for the gateway (module docstring). ``fleet``: an
-    executor with ``deployments()`` and ``engine_hosts()`` (:class:`infra.aws.Ec2Fleet`, :class:`infra.gcp.GceFleet`)."""
+    executor with ``deployments()`` and ``routes()`` (:class:`infra.aws.Ec2Fleet`, :class:`infra.gcp.GceFleet`)."""
 
     def __init__(self, spec: GatewaySpec, cluster_id: str, fleet: Any, port: int) -> None:
         self.spec, self.cluster_id, self.fleet, self.port = spec, cluster_id, fleet, port
@@ -140,11 +138,11 @@ class GatewaySync:
     def sync(self) -> bool:
         """Read the fleet, write what changed, reload nginx if its files changed; True when anything changed."""
         deps = self.fleet.deployments()
-        table = route_table(self.cluster_id, deps, self.fleet.engine_hosts(), self.port)
+        table = route_table(self.cluster_id, self.fleet.routes(), self.port)
         changed = _write(self.dir / f"routes-{self.cluster_id}.json",
                          json.dumps(table.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
         if self.spec.kind == "nginx":
-            ups, locs = nginx_conf(table, [d.job_id for d in deps if d.is_live])
+            ups, locs = nginx_conf(table, [d.job_id for d in deps])
             conf = [_write(self.dir / f"koi-{self.cluster_id}-upstreams.conf", ups),
                     _write(self.dir / f"koi-{self.cluster_id}-locations.conf", locs)]
             if any(conf):

@@ -50,8 +50,9 @@ their pool's GPUs; ``TERMINATED``/``SUSPENDED`` ones stay in their rank as a bro
 ``scale`` and ``teardown`` delete) and hold none; ``STOPPING``/``SUSPENDING``/``REPAIRING`` do.
 
 A ``GoogleAPICallError`` makes launch or scale FAILED with ``REASON: message``; teardown and reweight
-raise it, so the activity retries rather than leaking paid instances. Draining is the gateway's job:
-``drain_s`` and ``handover`` are only logged.
+raise it, so the activity retries rather than leaking paid instances. A teardown hands over and drains
+(:mod:`infra.drain`: a ``koi-drain`` metadata record moved on by :meth:`GceFleet.sweep`) unless ``drain_s`` is 0
+without a handover; a scale-in deletes the removed replicas at once.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ from typing import Any
 from google.api_core.exceptions import DeadlineExceeded, GoogleAPICallError, NotFound
 from google.cloud import compute_v1
 
+from infra import drain
 from infra.replicas import ReplicaGroups
-from koi.domain import Deployment, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
 
@@ -81,7 +83,7 @@ DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/com
 
 L_CLUSTER, L_RANK, L_KEY, L_POOL = "koi_cluster", "koi_rank", "koi_key", "koi_pool"  # underscores: filter-safe field names
 M_CLUSTER, M_JOB, M_RANK, M_POOL = "koi-cluster", "koi-job", "koi-rank-id", "koi-pool-id"
-M_ENV = "koi-env"
+M_ENV, M_DRAIN = "koi-env", "koi-drain"
 M_KEY, M_LAUNCH_KEY, M_LAST_KEY = "koi-key", "koi-launch-key", "koi-last-key"
 M_REPLICA, M_NODE, M_NODES = "koi-replica", "koi-node", "koi-nodes"
 M_REPLICAS, M_GEN, M_SPEC = "koi-replicas", "koi-gen", "koi-rank-spec"
@@ -206,24 +208,52 @@ class GceFleet:
         return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
 
     def deployments(self) -> list[Deployment]:
-        return [r.deployment(r.head[M_JOB], rank_from_metadata(r.head), r.head.get(M_LAUNCH_KEY, ""))
-                for r in self._ranks().values()]
+        """Each rank; one handing over or draining is DRAINING (:mod:`infra.drain`)."""
+        out = []
+        for r in self._ranks().values():
+            d = r.deployment(r.head[M_JOB], rank_from_metadata(r.head), r.head.get(M_LAUNCH_KEY, ""))
+            out.append(d.model_copy(update={"state": DeploymentState.DRAINING}) if M_DRAIN in r.head else d)
+        return out
+
+    @staticmethod
+    def _hosts(r: _Rank) -> tuple[str, ...]:
+        """Each ready replica's head node (node 0, where vLLM's API server and ``/metrics`` run) by internal
+        address (``networkIP``), else its external one."""
+        hosts = []
+        for k in r.ready():
+            head = min(r.replicas[k], key=lambda i: int(metadata(i).get(M_NODE, "0")))
+            nic = head.network_interfaces[0] if head.network_interfaces else None
+            if addr := nic and (nic.network_i_p or (nic.access_configs[0].nat_i_p if nic.access_configs else "")):
+                hosts.append(str(addr))
+        return tuple(hosts)
 
     def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
-        """(job id, rank id, env id, hosts): each ready replica's head node (node 0, where vLLM's API
-        server and ``/metrics`` run) by internal address (``networkIP``), else its external one."""
-        out = []
-        for rid, r in self._ranks().items():
-            hosts = []
-            for k in r.ready():
-                head = min(r.replicas[k], key=lambda i: int(metadata(i).get(M_NODE, "0")))
-                nic = head.network_interfaces[0] if head.network_interfaces else None
-                addr = nic and (nic.network_i_p or (nic.access_configs[0].nat_i_p if nic.access_configs else ""))
-                if addr:
-                    hosts.append(str(addr))
-            if hosts:
-                out.append((r.head[M_JOB], rid, rank_from_metadata(r.head).env.env_id, tuple(hosts)))
-        return out
+        """(job id, rank id, env id, hosts) of every rank with a ready replica, draining ones included (the
+        engines to scrape)."""
+        return [(r.head[M_JOB], rid, rank_from_metadata(r.head).env.env_id, hosts)
+                for rid, r in self._ranks().items() if (hosts := self._hosts(r))]
+
+    def routes(self) -> list[tuple[str, Rank, tuple[str, ...]]]:
+        """(job id, rank, hosts) of the ranks the gateway routes to: live and handing over, not draining."""
+        return [(r.head[M_JOB], rank_from_metadata(r.head), hosts) for r in self._ranks().values()
+                if drain.routable(drain.Drain.decode(r.head.get(M_DRAIN))) and (hosts := self._hosts(r))]
+
+    def _views(self, ranks: Mapping[str, _Rank]) -> dict[str, drain.RankView]:
+        return {rid: drain.RankView(r.head[M_JOB], len(r.alive()), len(r.ready()),
+                                    drain.Drain.decode(r.head.get(M_DRAIN))) for rid, r in ranks.items()}
+
+    def sweep(self) -> int:
+        """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
+        delete those whose drain is over. Returns how many ranks were released."""
+        ranks = self._ranks()
+        start, done = drain.sweep(self._views(ranks), self.now())
+        for rid, d in start.items():
+            self._set_metadata(ranks[rid].insts, {M_DRAIN: d.encode()})
+            self._log.info("gcp.drain", rank=rid, job=ranks[rid].head[M_JOB], drain_s=d.drain_s)
+        for rid in done:
+            self._delete([(_zone_of(i), i.name) for i in ranks[rid].insts])
+            self._log.info("gcp.released", rank=rid, job=ranks[rid].head[M_JOB])
+        return len(done)
 
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
@@ -315,15 +345,26 @@ class GceFleet:
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
                  handover: bool = False) -> bool:
-        """Mark the rank's instances with the key, then delete them at once (the gateway drains); a
-        cloud error raises, so the activity retries rather than leaking paid instances."""
+        """Mark the rank's instances with the key, then hand over and drain (:mod:`infra.drain`), or delete them
+        at once when ``drain_s`` is 0 without a handover; a cloud error raises, so the activity retries rather than
+        leaking paid instances."""
         seen = self._list_all({L_RANK: rank_id})
         if any(metadata(i).get(M_TEARDOWN) == idempotency_key for i in seen):
             return False
         mine = [i for i in seen if i.status not in LEAVING and metadata(i).get(M_JOB) == job_id]
+        mark = {M_TEARDOWN: idempotency_key}
+        deferred = bool(mine) and (handover or drain_s > 0)
+        if deferred:
+            ranks = self._ranks()
+            if M_DRAIN in ranks[rank_id].head:
+                return False
+            d = drain.begin(rank_id, self._views(ranks), self.now(), drain_s, handover)
+            mark[M_DRAIN] = d.encode()
+            deferred = drain.phase(d, self.now()) != "done"
         if mine:
-            self._set_metadata(mine, {M_TEARDOWN: idempotency_key})
-            self._delete([(_zone_of(i), i.name) for i in mine])
+            self._set_metadata(mine, mark)
+            if not deferred:
+                self._delete([(_zone_of(i), i.name) for i in mine])
             self._log.info("gcp.teardown", job=job_id, rank=rank_id, key=idempotency_key, instances=len(mine),
                            drain_s=drain_s, handover=handover)
         return bool(mine)

@@ -447,3 +447,29 @@ def test_the_gateway_sync_follows_what_the_executor_does_at_once(tmp_path, spec,
         jobs_soon(set())
     finally:
         provider.close()
+
+
+def test_the_worker_releases_a_drained_rank_by_itself(tmp_path, spec, ec2_factory):
+    """The provider's reaper thread sweeps: a rank torn down with a 30-s drain keeps its instances until the
+    cluster clock passes the drain, then EC2 terminates them, with no tick running."""
+    import time
+
+    live = spec.model_copy(update={"sweep_every_s": 0.05})
+    cluster, clock = f"c-{uuid.uuid4().hex[:8]}", Clock()
+    provider = CloudWorldProvider(live, client_factory=ec2_factory, clock=clock)
+    try:
+        rt = runtime(tmp_path, provider)
+        run_ticks(rt, cluster, 0, jobs=[job(0)])
+        assert run_tick(rt, cluster, 0).deploy.launched == 1
+        world = provider.world(cluster)
+        (dep,) = world.deployments()
+        assert world.teardown("job-0", dep.rank_id, "k-down", drain_s=30.0)
+        time.sleep(0.3)
+        assert len(koi_instances(ec2_factory, cluster)) == 2  # draining: still running
+        clock.t += 30.0
+        end = time.time() + 10
+        while time.time() < end and koi_instances(ec2_factory, cluster):
+            time.sleep(0.05)
+        assert koi_instances(ec2_factory, cluster) == [] and world.deployments() == []
+    finally:
+        provider.close()

@@ -23,6 +23,7 @@ class Cloud:
     replicas: Callable[[], list[str]]  # the replica index of each live instance of the cluster
     weights: Callable[[], set[str]]  # the route weights the live instances carry
     free: Callable[[], int]  # free instances in the big rank's pool
+    now: dict[str, float]  # the fleet's clock: now["t"]
 
 
 @pytest.fixture(scope="module")
@@ -42,27 +43,28 @@ def gce() -> Iterator[tuple[Any, Any]]:
 @pytest.fixture(params=["aws", "gcp"])
 def cloud(request) -> Cloud:
     cluster = f"c-{uuid.uuid4().hex[:10]}"
+    now = {"t": 1234.5}
     if request.param == "aws":
         from infra.aws import Ec2Fleet
         from tests import test_infra_aws as t
 
         factory = request.getfixturevalue("ec2_factory")
-        fleet = Ec2Fleet(cluster, t.pools(), client_factory=factory, image_id=t.IMAGE, clock=lambda: 1234.5)
+        fleet = Ec2Fleet(cluster, t.pools(), client_factory=factory, image_id=t.IMAGE, clock=lambda: now["t"])
         def tag(k: str) -> list[str]:
             return [t.tags(i).get(k, "") for i in t.instances(factory, cluster)]
 
         return Cloud(fleet, t.big, t.small, lambda: tag("koi:replica"), lambda: set(tag("koi:route-weight")),
-                     lambda: t.free(fleet))
+                     lambda: t.free(fleet), now)
     from infra.gcp import GceFleet
     from tests import test_infra_gcp as t
 
     server, client = request.getfixturevalue("gce")
-    fleet = GceFleet(cluster, t.pools(), project=t.PROJECT, client=client, image=t.IMAGE, clock=lambda: 1234.5)
+    fleet = GceFleet(cluster, t.pools(), project=t.PROJECT, client=client, image=t.IMAGE, clock=lambda: now["t"])
     def item(k: str) -> list[str]:
         return [t.md(i).get(k, "") for i in t.instances(server, cluster)]
 
     return Cloud(fleet, t.big, t.small, lambda: item("koi-replica"), lambda: set(item("koi-route-weight")),
-                 lambda: t.free(fleet))
+                 lambda: t.free(fleet), now)
 
 
 def test_scale_adds_and_removes_replicas_and_repeats_nothing(cloud: Cloud) -> None:
@@ -100,3 +102,46 @@ def test_reweight_marks_the_running_rank_and_new_replicas_inherit_it(cloud: Clou
     assert fleet.deployments()[0].rank.route_weight == 2.5
     fleet.scale("job-1", rid, 3, "k-up")
     assert cloud.weights() == {"2.5"} and len(cloud.replicas()) == 3
+
+
+def test_a_teardown_hands_over_then_drains_then_releases(cloud: Cloud) -> None:
+    """make before break on a real fleet (infra/drain.py): the old rank keeps serving (routed, DRAINING to the
+    planner, still in its pool) until a rank of the job serves, then drains for drain_s out of the routes, then the
+    cloud releases it — each step by the sweep, the state in the cloud's own records."""
+    fleet, now = cloud.fleet, cloud.now
+    old = cloud.big(1)
+    rid = old.rank_id("job-1")
+    fleet.launch(chat_job(), old, "k-old")
+    free = cloud.free()
+    assert fleet.teardown("job-1", rid, "k-td", drain_s=30.0, handover=True) is True
+    [dep] = fleet.deployments()
+    assert dep.state is DeploymentState.DRAINING
+    assert [r.rank_id(j) for j, r, _ in fleet.routes()] == [rid]  # handing over: still routed
+    assert len(cloud.replicas()) == 2 and cloud.free() == free
+    assert fleet.teardown("job-1", rid, "k-td", drain_s=30.0, handover=True) is False  # repeated key
+    assert fleet.teardown("job-1", rid, "k-td2", drain_s=30.0, handover=True) is False  # already leaving
+    now["t"] += 600.0
+    assert fleet.sweep() == 0 and [r.rank_id(j) for j, r, _ in fleet.routes()] == [rid]  # no replacement yet
+
+    new = cloud.small(1)  # the replacement, another chain of the job
+    assert fleet.launch(chat_job(), new, "k-new").status is LaunchStatus.LAUNCHED
+    now["t"] += 1.0
+    assert fleet.sweep() == 0  # the replacement serves: the drain starts
+    assert [r.rank_id(j) for j, r, _ in fleet.routes()] == [new.rank_id("job-1")]
+    assert {d.rank_id for d in fleet.deployments()} == {rid, new.rank_id("job-1")}
+    assert rid in {r for _, r, _, _ in fleet.engine_hosts()}  # still scraped while it drains
+    now["t"] += 29.0
+    assert fleet.sweep() == 0 and cloud.free() == free
+    now["t"] += 1.0
+    assert fleet.sweep() == 1  # drained: released
+    assert [d.rank_id for d in fleet.deployments()] == [new.rank_id("job-1")]
+    assert cloud.free() == free + 2 and len(cloud.replicas()) == 1
+    assert fleet.sweep() == 0
+
+
+def test_a_teardown_without_drain_or_handover_releases_at_once(cloud: Cloud) -> None:
+    fleet, rank = cloud.fleet, cloud.big(1)
+    fleet.launch(chat_job(), rank, "k-a")
+    free = cloud.free()
+    assert fleet.teardown("job-1", rank.rank_id("job-1"), "k-td", drain_s=0.0) is True
+    assert fleet.deployments() == [] and cloud.free() == free + 2 and fleet.sweep() == 0

@@ -49,9 +49,10 @@ class Fleet:
         return [Deployment(job_id=j, rank=r, state=st, replicas_ready=len(self.hosts[(j, rid)]))
                 for (j, rid), (r, st) in self.ranks.items()]
 
-    def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
-        return [(j, rid, r.env.env_id, self.hosts[(j, rid)]) for (j, rid), (r, _) in self.ranks.items()
-                if self.hosts[(j, rid)]]
+    def routes(self) -> list[tuple[str, Rank, tuple[str, ...]]]:
+        """As the executors: ranks not draining (a handover is not modelled here), with a ready replica."""
+        return [(j, r, self.hosts[(j, rid)]) for (j, rid), (r, st) in self.ranks.items()
+                if st is not DeploymentState.DRAINING and self.hosts[(j, rid)]]
 
 
 # ---- the table -------------------------------------------------------------------------------------------
@@ -70,8 +71,8 @@ def test_the_table_weights_ready_replicas_by_the_planners_weight_or_equally():
     f.put("job-b", rank(2.0), ("10.0.1.1",))
     f.put("job-b", rank(None, tp=2), ("10.0.1.2",))  # one rank without a planned weight: all weigh the same
     f.put("job-c", rank(1.0), ())  # launching: no ready replica
-    gone = f.put("job-d", rank(1.0), ("10.0.3.1",), DeploymentState.TERMINATED)
-    t = route_table("c1", f.deployments(), f.engine_hosts(), 8000)
+    gone = f.put("job-d", rank(1.0), ("10.0.3.1",), DeploymentState.DRAINING)
+    t = route_table("c1", f.routes(), 8000)
     assert sorted(t.jobs) == ["job-a", "job-b"]
     assert {(b.rank_id, b.address, b.weight) for b in t.jobs["job-a"]} == {
         (big, "10.0.0.1:8000", 12), (small, "10.0.0.2:8000", 4), (small, "10.0.0.3:8000", 4)}
@@ -82,7 +83,7 @@ def test_the_table_weights_ready_replicas_by_the_planners_weight_or_equally():
 def test_nginx_conf_has_an_upstream_per_job_and_503_for_a_job_without_replicas():
     f = Fleet()
     f.put("job-a", rank(1.0), ("10.0.0.1",))
-    t = route_table("c1", f.deployments(), f.engine_hosts(), 8000)
+    t = route_table("c1", f.routes(), 8000)
     ups, locs = nginx_conf(t, ["job-a", "job-z"])
     name = upstream_name("c1", "job-a")
     assert f"upstream {name} {{" in ups and "server 10.0.0.1:8000 weight=4;" in ups
