@@ -28,7 +28,7 @@ nothing in the cloud, so repeating its key tries again (the ledger would answer 
 
 A teardown hands over and drains (:mod:`infra.drain`: a ``koi:drain`` record on the rank's instances,
 moved on by :meth:`Ec2Fleet.sweep`), unless ``drain_s`` is 0 without a handover: then it terminates at once.
-A scale-in terminates the removed replicas at once.
+A scale-in drains the replicas it removes (``koi:replica-drain-until``), released by the same sweep.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ T_KEY, T_LAUNCH_KEY, T_LAST_KEY = "koi:key", "koi:launch-key", "koi:last-key"
 T_REPLICA, T_BASE, T_NODES = "koi:replica", "koi:replica-base", "koi:nodes"
 T_REPLICAS, T_GEN, T_SPEC = "koi:replicas", "koi:gen", "koi:rank-spec"
 T_WEIGHT, T_REWEIGHT, T_TEARDOWN = "koi:route-weight", "koi:reweight-key", "koi:teardown-key"
-T_DRAIN = "koi:drain"
+T_DRAIN, T_RDRAIN = "koi:drain", "koi:replica-drain-until"
 
 TAG_MAX = 256
 #: States in which an instance still holds a place in its pool.
@@ -162,13 +162,18 @@ class Ec2Fleet:
         return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used[p.pool_id])})
                                   for p in self.pools.pools])
 
-    def _ranks(self) -> dict[str, _Rank]:
-        """This cluster's ranks as EC2 lists them (instances not on their way out), by rank id."""
+    def _present(self) -> list[dict[str, Any]]:
+        """The cluster's instances not on their way out, each with its region."""
+        return [{**i, _REGION: region} for region, insts in self._describe_by_region({}, PRESENT).items()
+                for i in insts]
+
+    def _ranks(self, present: list[dict[str, Any]] | None = None) -> dict[str, _Rank]:
+        """This cluster's ranks as EC2 lists them (instances not on their way out, nor draining after a
+        scale-in), by rank id."""
         by_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for region, insts in self._describe_by_region({}, PRESENT).items():
-            for i in insts:
-                if T_RANK in (t := _tags(i)):
-                    by_rank[t[T_RANK]].append({**i, _REGION: region})
+        for i in self._present() if present is None else present:
+            if T_RANK in (t := _tags(i)) and T_RDRAIN not in t:
+                by_rank[t[T_RANK]].append(i)
         return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
 
     def deployments(self) -> list[Deployment]:
@@ -207,9 +212,21 @@ class Ec2Fleet:
 
     def sweep(self) -> int:
         """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
-        terminate those whose drain is over. Returns how many ranks were released."""
-        ranks = self._ranks()
-        start, done = drain.sweep(self._views(ranks), self.now())
+        terminate those whose drain is over and the replicas a scale-in drained whose time is up. Returns how many
+        ranks and replicas were released."""
+        present = self._present()
+        ranks, now = self._ranks(present), self.now()
+        start, done = drain.sweep(self._views(ranks), now)
+        due: dict[str, list[str]] = defaultdict(list)
+        replicas = set()
+        for i in present:
+            if T_RDRAIN in (t := _tags(i)) and drain.replica_due(t[T_RDRAIN], now):
+                due[i[_REGION]].append(i["InstanceId"])
+                replicas.add((t.get(T_RANK), _replica(i, t)))
+        for region, ids in due.items():
+            self._terminate(region, sorted(ids))
+        if replicas:
+            self._log.info("aws.replicas_released", replicas=len(replicas))
         for rid, d in start.items():
             for region, ids in self._ids_by_region(ranks[rid]).items():
                 self._client(region).create_tags(Resources=ids, Tags=_tag_list({T_DRAIN: d.encode()}))
@@ -218,7 +235,7 @@ class Ec2Fleet:
             for region, ids in self._ids_by_region(ranks[rid]).items():
                 self._terminate(region, ids)
             self._log.info("aws.released", rank=rid, job=ranks[rid].head[T_JOB])
-        return len(done)
+        return len(done) + len(replicas)
 
     @staticmethod
     def _ids_by_region(r: _Rank) -> dict[str, list[str]]:
@@ -280,7 +297,8 @@ class Ec2Fleet:
             seen = self._describe_all({T_RANK: rank_id}, None)
             if any(tv in (t.get(T_KEY), t.get(T_LAST_KEY)) for t in map(_tags, seen)):
                 return result(LaunchStatus.DUPLICATE, reason="already applied")
-            present = [i for i in seen if _state(i) in PRESENT and _tags(i).get(T_JOB) == job_id]
+            present = [i for i in seen if _state(i) in PRESENT and _tags(i).get(T_JOB) == job_id
+                       and T_RDRAIN not in _tags(i)]
             if not present:
                 return result(LaunchStatus.FAILED, reason=f"no such rank {rank_id}")
             if n_replicas < 1:
@@ -290,15 +308,22 @@ class Ec2Fleet:
             if pool is None:
                 return result(LaunchStatus.FAILED, reason=f"pool {r.head[T_POOL]} is not configured any more")
             alive = r.alive()
-            drop = r.broken() + alive[n_replicas:]
+            wait = drain.scale_drain(drain_s)
+            retire = alive[n_replicas:]  # drained (infra.drain); a broken replica's remnants go at once
+            drop = r.broken() + ([] if wait else retire)
             add = max(0, n_replicas - len(alive))
             reason = self._short(pool, add * r.nodes, f"{add} more replica(s)") if add else None
             if reason:
                 log.warning("aws.scale.failed", reason=reason)
                 return result(LaunchStatus.FAILED, reason=reason)
             killed = {i["InstanceId"] for x in drop for i in r.replicas[x]}
+            draining = sorted(i["InstanceId"] for x in retire for i in r.replicas[x]) if wait else []
             gen = int(r.head.get(T_GEN, "0")) + 1
             self._terminate(pool.env.region, sorted(killed))
+            if draining:
+                self._client(pool.env.region).create_tags(Resources=draining, Tags=_tag_list(
+                    {T_RDRAIN: repr(self.now() + wait), T_LAST_KEY: tv}))
+                killed.update(draining)
             if add:
                 self._run(pool, job_id, rank_id, rank_from_tags(r.head), key=key, launch_key=r.head[T_LAUNCH_KEY],
                           base=max(r.replicas) + 1, count=add, target=n_replicas, gen=gen,
@@ -311,7 +336,8 @@ class Ec2Fleet:
             reason = _aws_reason(e)
             log.warning("aws.scale.failed", reason=reason)
             return result(LaunchStatus.FAILED, reason=reason)
-        log.info("aws.scale", replicas=n_replicas, added=add, removed=len(drop), drain_s=drain_s)
+        log.info("aws.scale", replicas=n_replicas, added=add, removed=len(drop) + len(retire) * bool(wait),
+                 drain_s=wait)
         return result(LaunchStatus.LAUNCHED, n_replicas)
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,

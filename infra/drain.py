@@ -19,6 +19,11 @@ and :func:`sweep` — run by the worker every few seconds and before each tick's
 
 A rank in handover or draining is reported ``DRAINING`` (as the simulator reports it), so S0 and the planner
 see it leaving. ``drain_s == 0`` without a handover terminates at once, as before.
+
+A scale-in drains the replicas it removes the same way, without a handover: their instances get the time their
+drain ends (``koi:replica-drain-until`` / ``koi-replica-drain-until``), leave the rank (its replica count, its
+routes, its scrape targets) at once, keep their place in the pool, and the sweep releases them when the time has
+come (:func:`replica_due`). ``drain_s=None`` means :data:`DEFAULT_DRAIN_S`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from typing import Literal
 #: two equal — not imported, that would load the simulator into a fleet worker).
 HANDOVER_TIMEOUT_S = 900.0
 VALUE_MAX = 256  # an EC2 tag value; GCE metadata allows more, one rule for both
+#: A scale-in's drain when the caller gives none (the pipeline passes its own, ``Runtime.drain_s``, also 30 s).
+DEFAULT_DRAIN_S = 30.0
 
 Phase = Literal["handover", "draining", "done"]
 
@@ -133,3 +140,15 @@ def sweep(views: Mapping[str, RankView], now: float) -> tuple[dict[str, Drain], 
 def routable(d: Drain | None) -> bool:
     """Does the gateway route to the rank? Live ranks and ranks handing over do; draining ones do not."""
     return d is None or d.started is None
+
+
+def replica_due(until: str, now: float) -> bool:
+    """Is a draining replica's time up? A value that does not parse is due (never kept forever)."""
+    try:
+        return now >= float(until) - 1e-9
+    except ValueError:
+        return True
+
+
+def scale_drain(drain_s: float | None) -> float:
+    return DEFAULT_DRAIN_S if drain_s is None else max(0.0, float(drain_s))

@@ -52,7 +52,8 @@ their pool's GPUs; ``TERMINATED``/``SUSPENDED`` ones stay in their rank as a bro
 A ``GoogleAPICallError`` makes launch or scale FAILED with ``REASON: message``; teardown and reweight
 raise it, so the activity retries rather than leaking paid instances. A teardown hands over and drains
 (:mod:`infra.drain`: a ``koi-drain`` metadata record moved on by :meth:`GceFleet.sweep`) unless ``drain_s`` is 0
-without a handover; a scale-in deletes the removed replicas at once.
+without a handover; a scale-in drains the replicas it removes (``koi-replica-drain-until``), deleted by the same
+sweep.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/com
 
 L_CLUSTER, L_RANK, L_KEY, L_POOL = "koi_cluster", "koi_rank", "koi_key", "koi_pool"  # underscores: filter-safe field names
 M_CLUSTER, M_JOB, M_RANK, M_POOL = "koi-cluster", "koi-job", "koi-rank-id", "koi-pool-id"
-M_ENV, M_DRAIN = "koi-env", "koi-drain"
+M_ENV, M_DRAIN, M_RDRAIN = "koi-env", "koi-drain", "koi-replica-drain-until"
 M_KEY, M_LAUNCH_KEY, M_LAST_KEY = "koi-key", "koi-launch-key", "koi-last-key"
 M_REPLICA, M_NODE, M_NODES = "koi-replica", "koi-node", "koi-nodes"
 M_REPLICAS, M_GEN, M_SPEC = "koi-replicas", "koi-gen", "koi-rank-spec"
@@ -200,10 +201,11 @@ class GceFleet:
         return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used[p.pool_id])})
                                   for p in self.pools.pools])
 
-    def _ranks(self) -> dict[str, _Rank]:
+    def _ranks(self, listed: list[compute_v1.Instance] | None = None) -> dict[str, _Rank]:
+        """The cluster's ranks (instances not on their way out, nor draining after a scale-in), by rank id."""
         by_rank: dict[str, list[compute_v1.Instance]] = defaultdict(list)
-        for i in self._list_all({}):
-            if i.status not in LEAVING and M_RANK in (md := metadata(i)):
+        for i in self._list_all({}) if listed is None else listed:
+            if i.status not in LEAVING and M_RANK in (md := metadata(i)) and M_RDRAIN not in md:
                 by_rank[md[M_RANK]].append(i)
         return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
 
@@ -244,16 +246,24 @@ class GceFleet:
 
     def sweep(self) -> int:
         """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
-        delete those whose drain is over. Returns how many ranks were released."""
-        ranks = self._ranks()
-        start, done = drain.sweep(self._views(ranks), self.now())
+        delete those whose drain is over and the replicas a scale-in drained whose time is up. Returns how many
+        ranks and replicas were released."""
+        listed = self._list_all({})
+        ranks, now = self._ranks(listed), self.now()
+        start, done = drain.sweep(self._views(ranks), now)
+        due = [i for i in listed if i.status not in LEAVING and M_RDRAIN in (md := metadata(i))
+               and drain.replica_due(md[M_RDRAIN], now)]
+        replicas = {(metadata(i).get(M_RANK), metadata(i).get(M_REPLICA)) for i in due}
+        if due:
+            self._delete([(_zone_of(i), i.name) for i in due])
+            self._log.info("gcp.replicas_released", replicas=len(replicas))
         for rid, d in start.items():
             self._set_metadata(ranks[rid].insts, {M_DRAIN: d.encode()})
             self._log.info("gcp.drain", rank=rid, job=ranks[rid].head[M_JOB], drain_s=d.drain_s)
         for rid in done:
             self._delete([(_zone_of(i), i.name) for i in ranks[rid].insts])
             self._log.info("gcp.released", rank=rid, job=ranks[rid].head[M_JOB])
-        return len(done)
+        return len(done) + len(replicas)
 
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
@@ -309,7 +319,8 @@ class GceFleet:
             seen = self._list_all({L_RANK: rank_id})
             if any(key in (md.get(M_KEY), md.get(M_LAST_KEY)) for md in map(metadata, seen)):
                 return result(LaunchStatus.DUPLICATE, reason="already applied")
-            present = [i for i in seen if i.status not in LEAVING and metadata(i).get(M_JOB) == job_id]
+            present = [i for i in seen if i.status not in LEAVING and metadata(i).get(M_JOB) == job_id
+                       and M_RDRAIN not in metadata(i)]
             if not present:
                 return result(LaunchStatus.FAILED, reason=f"no such rank {rank_id}")
             if n_replicas < 1:
@@ -319,7 +330,9 @@ class GceFleet:
             if pool is None:
                 return result(LaunchStatus.FAILED, reason=f"pool {r.head[M_POOL]} is not configured any more")
             alive = r.alive()
-            drop = r.broken() + alive[n_replicas:]
+            wait = drain.scale_drain(drain_s)
+            retire = alive[n_replicas:]  # drained (infra.drain); a broken replica's remnants go at once
+            drop = r.broken() + ([] if wait else retire)
             add = max(0, n_replicas - len(alive))
             if add:
                 need, free = add * r.nodes, self._free(pool)
@@ -328,8 +341,12 @@ class GceFleet:
                                                                f"{need} instance(s), {free} of "
                                                                f"{pool.total_instances} free"))
             killed = [i for x in drop for i in r.replicas[x]]
+            draining = [i for x in retire for i in r.replicas[x]] if wait else []
             gen = int(r.head.get(M_GEN, "0")) + 1
             self._delete([(_zone_of(i), i.name) for i in killed])
+            if draining:
+                self._set_metadata(draining, {M_RDRAIN: repr(self.now() + wait), M_LAST_KEY: key})
+                killed += draining
             if add:
                 self._insert(pool, job_id, rank_id, rank_from_metadata(r.head), key=key,
                              launch_key=r.head[M_LAUNCH_KEY], base=max(r.replicas) + 1, count=add, target=n_replicas,
@@ -340,7 +357,8 @@ class GceFleet:
                                {M_REPLICAS: str(n_replicas), M_GEN: str(gen), M_LAST_KEY: key})
         except GoogleAPICallError as e:
             return result(LaunchStatus.FAILED, reason=gce_reason(e))
-        log.info("gcp.scale", replicas=n_replicas, added=add, removed=len(drop), drain_s=drain_s)
+        log.info("gcp.scale", replicas=n_replicas, added=add, removed=len(drop) + len(retire) * bool(wait),
+                 drain_s=wait)
         return result(LaunchStatus.LAUNCHED, n_replicas)
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,

@@ -145,3 +145,28 @@ def test_a_teardown_without_drain_or_handover_releases_at_once(cloud: Cloud) -> 
     free = cloud.free()
     assert fleet.teardown("job-1", rank.rank_id("job-1"), "k-td", drain_s=0.0) is True
     assert fleet.deployments() == [] and cloud.free() == free + 2 and fleet.sweep() == 0
+
+
+def test_a_scale_in_drains_the_replicas_it_removes(cloud: Cloud) -> None:
+    """The removed replicas leave the rank (count, routes) at once but keep running and their place in the pool for
+    drain_s; the sweep then releases them. A scale-up meanwhile launches fresh replicas beside them."""
+    fleet, now, rank = cloud.fleet, cloud.now, cloud.big(1)
+    rid = rank.rank_id("job-1")
+    fleet.launch(chat_job(), rank, "k-l")
+    assert fleet.scale("job-1", rid, 3, "k-up").status is LaunchStatus.LAUNCHED
+    free = cloud.free()
+    assert fleet.scale("job-1", rid, 1, "k-down", drain_s=30.0).status is LaunchStatus.LAUNCHED
+    [dep] = fleet.deployments()
+    assert dep.rank.n_replicas == 1 and dep.replicas_ready == 1 and dep.state is DeploymentState.SERVING
+    [(_, _, hosts)] = fleet.routes()
+    assert len(hosts) == 1
+    assert len(cloud.replicas()) == 6 and cloud.free() == free  # still running: draining
+    assert fleet.scale("job-1", rid, 1, "k-down", drain_s=30.0).status is LaunchStatus.DUPLICATE
+    now["t"] += 29.0
+    assert fleet.sweep() == 0 and len(cloud.replicas()) == 6
+    now["t"] += 1.0
+    assert fleet.sweep() == 2  # the two removed replicas
+    assert len(cloud.replicas()) == 2 and cloud.free() == free + 4
+    assert fleet.scale("job-1", rid, 2, "k-up2").status is LaunchStatus.LAUNCHED
+    [dep] = fleet.deployments()
+    assert dep.rank.n_replicas == 2 and dep.replicas_ready == 2 and fleet.sweep() == 0
