@@ -213,7 +213,7 @@ class Ec2Fleet:
     def sweep(self) -> int:
         """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
         terminate those whose drain is over and the replicas a scale-in drained whose time is up. Returns how many
-        ranks and replicas were released."""
+        drains started and ranks and replicas released (the gateway re-reads its routes when it is not 0)."""
         present = self._present()
         ranks, now = self._ranks(present), self.now()
         start, done = drain.sweep(self._views(ranks), now)
@@ -235,7 +235,7 @@ class Ec2Fleet:
             for region, ids in self._ids_by_region(ranks[rid]).items():
                 self._terminate(region, ids)
             self._log.info("aws.released", rank=rid, job=ranks[rid].head[T_JOB])
-        return len(done) + len(replicas)
+        return len(start) + len(done) + len(replicas)
 
     @staticmethod
     def _ids_by_region(r: _Rank) -> dict[str, list[str]]:

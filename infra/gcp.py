@@ -247,7 +247,7 @@ class GceFleet:
     def sweep(self) -> int:
         """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
         delete those whose drain is over and the replicas a scale-in drained whose time is up. Returns how many
-        ranks and replicas were released."""
+        drains started and ranks and replicas released (the gateway re-reads its routes when it is not 0)."""
         listed = self._list_all({})
         ranks, now = self._ranks(listed), self.now()
         start, done = drain.sweep(self._views(ranks), now)
@@ -263,7 +263,7 @@ class GceFleet:
         for rid in done:
             self._delete([(_zone_of(i), i.name) for i in ranks[rid].insts])
             self._log.info("gcp.released", rank=rid, job=ranks[rid].head[M_JOB])
-        return len(done) + len(replicas)
+        return len(start) + len(done) + len(replicas)
 
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:

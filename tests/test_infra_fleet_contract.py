@@ -126,7 +126,7 @@ def test_a_teardown_hands_over_then_drains_then_releases(cloud: Cloud) -> None:
     new = cloud.small(1)  # the replacement, another chain of the job
     assert fleet.launch(chat_job(), new, "k-new").status is LaunchStatus.LAUNCHED
     now["t"] += 1.0
-    assert fleet.sweep() == 0  # the replacement serves: the drain starts
+    assert fleet.sweep() == 1  # the replacement serves: the drain starts
     assert [r.rank_id(j) for j, r, _ in fleet.routes()] == [new.rank_id("job-1")]
     assert {d.rank_id for d in fleet.deployments()} == {rid, new.rank_id("job-1")}
     assert rid in {r for _, r, _, _ in fleet.engine_hosts()}  # still scraped while it drains
