@@ -206,17 +206,13 @@ class Ec2Fleet:
         return [(r.head[T_JOB], rank_from_tags(r.head), hosts) for r in self._ranks().values()
                 if drain.routable(drain.Drain.decode(r.head.get(T_DRAIN))) and (hosts := self._hosts(r))]
 
-    def _views(self, ranks: Mapping[str, _Rank]) -> dict[str, drain.RankView]:
-        return {rid: drain.RankView(r.head[T_JOB], len(r.alive()), len(r.ready()),
-                                    drain.Drain.decode(r.head.get(T_DRAIN))) for rid, r in ranks.items()}
-
     def sweep(self) -> int:
         """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
         terminate those whose drain is over and the replicas a scale-in drained whose time is up. Returns how many
         drains started and ranks and replicas released (the gateway re-reads its routes when it is not 0)."""
         present = self._present()
         ranks, now = self._ranks(present), self.now()
-        start, done = drain.sweep(self._views(ranks), now)
+        start, done = drain.sweep(drain.views(ranks, T_JOB, T_DRAIN), now)
         due: dict[str, list[str]] = defaultdict(list)
         replicas = set()
         for i in present:
@@ -354,7 +350,7 @@ class Ec2Fleet:
             ranks = self._ranks()
             if rank_id not in ranks or ranks[rank_id].head[T_JOB] != job_id or T_DRAIN in ranks[rank_id].head:
                 return False
-            d = drain.begin(rank_id, self._views(ranks), self.now(), drain_s, handover)
+            d = drain.begin(rank_id, drain.views(ranks, T_JOB, T_DRAIN), self.now(), drain_s, handover)
             mark[T_DRAIN] = d.encode()
             deferred = drain.phase(d, self.now()) != "done"
         gone = 0

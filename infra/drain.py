@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 #: How long a rank in handover waits for its replacement (the simulator's ``HANDOVER_TIMEOUT_S``; a test keeps the
 #: two equal — not imported, that would load the simulator into a fleet worker).
@@ -89,6 +89,13 @@ class RankView:
     @property
     def booting(self) -> bool:
         return self.alive > self.ready
+
+
+def views(ranks: Mapping[str, Any], job_key: str, drain_key: str) -> dict[str, RankView]:
+    """The rule's view of a cloud's ranks (:class:`infra.replicas.ReplicaGroups` with the ``head`` record of their
+    newest instance: ``job_key`` names the job, ``drain_key`` the drain record there)."""
+    return {rid: RankView(r.head[job_key], len(r.alive()), len(r.ready()), Drain.decode(r.head.get(drain_key)))
+            for rid, r in ranks.items()}
 
 
 def replacement_serves(rank_id: str, views: Mapping[str, RankView]) -> bool:

@@ -240,17 +240,13 @@ class GceFleet:
         return [(r.head[M_JOB], rank_from_metadata(r.head), hosts) for r in self._ranks().values()
                 if drain.routable(drain.Drain.decode(r.head.get(M_DRAIN))) and (hosts := self._hosts(r))]
 
-    def _views(self, ranks: Mapping[str, _Rank]) -> dict[str, drain.RankView]:
-        return {rid: drain.RankView(r.head[M_JOB], len(r.alive()), len(r.ready()),
-                                    drain.Drain.decode(r.head.get(M_DRAIN))) for rid, r in ranks.items()}
-
     def sweep(self) -> int:
         """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
         delete those whose drain is over and the replicas a scale-in drained whose time is up. Returns how many
         drains started and ranks and replicas released (the gateway re-reads its routes when it is not 0)."""
         listed = self._list_all({})
         ranks, now = self._ranks(listed), self.now()
-        start, done = drain.sweep(self._views(ranks), now)
+        start, done = drain.sweep(drain.views(ranks, M_JOB, M_DRAIN), now)
         due = [i for i in listed if i.status not in LEAVING and M_RDRAIN in (md := metadata(i))
                and drain.replica_due(md[M_RDRAIN], now)]
         replicas = {(metadata(i).get(M_RANK), metadata(i).get(M_REPLICA)) for i in due}
@@ -376,7 +372,7 @@ class GceFleet:
             ranks = self._ranks()
             if M_DRAIN in ranks[rank_id].head:
                 return False
-            d = drain.begin(rank_id, self._views(ranks), self.now(), drain_s, handover)
+            d = drain.begin(rank_id, drain.views(ranks, M_JOB, M_DRAIN), self.now(), drain_s, handover)
             mark[M_DRAIN] = d.encode()
             deferred = drain.phase(d, self.now()) != "done"
         if mine:

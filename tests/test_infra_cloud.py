@@ -236,20 +236,29 @@ def test_s1_stores_the_windows_scraped_from_the_engines_of_ranks_launched_on_ec2
         server.close()
 
 
+CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
+
+
+def fleet_with_a_rank(tmp_path, text: str, ec2_factory, n: int) -> tuple:
+    """A fleet file with ``text``, a fresh cluster, and one rank of ``n`` replicas launched on EC2 for job-0."""
+    from infra.aws import Ec2Fleet
+
+    f = tmp_path / "fleet.yaml"
+    f.write_text(text)
+    cluster = f"c-{uuid.uuid4().hex[:8]}"
+    ec2 = Ec2Fleet(cluster, load_fleet(f).resources, client_factory=ec2_factory, image_id="ami-0123456789abcdef0")
+    rank = Rank(env=ENV, config=ChainConfig(instance_type="g6.xlarge"), n_replicas=n)
+    assert ec2.launch(job(0), rank, "k-show").status.value == "launched"
+    return f, cluster, rank
+
+
 def test_koi_fleet_show_reads_pools_and_ranks_from_ec2(tmp_path, moto_endpoint, ec2_factory):
     import json
 
-    from infra.aws import Ec2Fleet
     from koi.cli import app
 
-    f = tmp_path / "fleet.yaml"
-    f.write_text(FLEET_YAML + f"endpoint_url: {moto_endpoint}\n")
-    cluster = f"c-{uuid.uuid4().hex[:8]}"
-    ec2 = Ec2Fleet(cluster, load_fleet(f).resources, client_factory=ec2_factory, image_id="ami-0123456789abcdef0")
-    rank = Rank(env=ENV, config=ChainConfig(instance_type="g6.xlarge"), n_replicas=3)
-    assert ec2.launch(job(0), rank, "k-show").status.value == "launched"
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
-    r = CliRunner().invoke(app, ["fleet", "show", "--fleet", str(f), "--cluster", cluster, "--json"], env=creds)
+    f, cluster, rank = fleet_with_a_rank(tmp_path, FLEET_YAML + f"endpoint_url: {moto_endpoint}\n", ec2_factory, 3)
+    r = CliRunner().invoke(app, ["fleet", "show", "--fleet", str(f), "--cluster", cluster, "--json"], env=CREDS)
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["pools"] == [{"pool": ENV.env_id + "/g6.xlarge", "instance_type": "g6.xlarge", "market": "on_demand",
@@ -266,38 +275,32 @@ def test_koi_fleet_show_says_how_many_engines_prometheus_scrapes(tmp_path, moto_
     runs, and an unreachable Prometheus reported (exit 0: the cloud part stands)."""
     import json
 
-    from infra.aws import Ec2Fleet
     from koi.cli import app
     from tests.test_infra_prometheus import FakePrometheus
     from tests.test_infra_vllm_metrics import closed_port_url
 
     fake = FakePrometheus()
     try:
-        f = tmp_path / "fleet.yaml"
-        f.write_text(FLEET_YAML + f"endpoint_url: {moto_endpoint}\nprometheus_url: {fake.url}\n")
-        cluster = f"c-{uuid.uuid4().hex[:8]}"
-        ec2 = Ec2Fleet(cluster, load_fleet(f).resources, client_factory=ec2_factory, image_id="ami-0123456789abcdef0")
-        rank = Rank(env=ENV, config=ChainConfig(instance_type="g6.xlarge"), n_replicas=2)
-        assert ec2.launch(job(0), rank, "k-show").status.value == "launched"
+        f, cluster, rank = fleet_with_a_rank(
+            tmp_path, FLEET_YAML + f"endpoint_url: {moto_endpoint}\nprometheus_url: {fake.url}\n", ec2_factory, 2)
         rid = rank.rank_id("job-0")
         up = [({"koi_job": "job-0", "koi_rank": rid, "instance": f"h{i}:8000"}, v) for i, v in enumerate(["1", "0"])]
         up.append(({"koi_job": "job-9", "koi_rank": "gone", "instance": "h9:8000"}, "0"))
         fake.reply = (200, {"status": "success", "data": {"resultType": "vector", "result": [
             {"metric": {"__name__": "up", "koi_cluster": cluster, **m}, "value": [1.0, v]} for m, v in up]}})
-        creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
         args = ["fleet", "show", "--fleet", str(f), "--cluster", cluster, "--json"]
-        r = CliRunner().invoke(app, args, env=creds)
+        r = CliRunner().invoke(app, args, env=CREDS)
         assert r.exit_code == 0, r.output
         doc = json.loads(r.stdout)
         assert [rk["engines_up"] for rk in doc["ranks"]] == ["1/2"]
         assert doc["telemetry"] == {"source": "prometheus", "url": fake.url, "ranks_scraped": 2,
                                     "stale_ranks": ["job-9/gone"]}
         assert fake.requests[-1]["query"] == f'up{{koi_cluster="{cluster}"}}'
-        r = CliRunner().invoke(app, args[:-1], env=creds)
+        r = CliRunner().invoke(app, args[:-1], env=CREDS)
         assert r.exit_code == 0 and f"telemetry: prometheus at {fake.url}" in r.output and "1/2" in r.output, r.output
         f.write_text(FLEET_YAML + f"endpoint_url: {moto_endpoint}\nprometheus_url: "
                      f"{closed_port_url().removesuffix('/metrics')}\nprometheus_timeout_s: 1\n")
-        r = CliRunner().invoke(app, args, env=creds)
+        r = CliRunner().invoke(app, args, env=CREDS)
         assert r.exit_code == 0, r.output
         tel = json.loads(r.stdout)["telemetry"]
         assert tel["source"] == "prometheus" and "PrometheusUnavailable" in tel["error"]
