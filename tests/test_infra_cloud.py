@@ -255,6 +255,7 @@ def fleet_with_a_rank(tmp_path, text: str, ec2_factory, n: int) -> tuple:
 def test_koi_fleet_show_reads_pools_and_ranks_from_ec2(tmp_path, moto_endpoint, ec2_factory):
     import json
 
+    from infra.aws import Ec2Fleet
     from koi.cli import app
 
     f, cluster, rank = fleet_with_a_rank(tmp_path, FLEET_YAML + f"endpoint_url: {moto_endpoint}\n", ec2_factory, 3)
@@ -265,7 +266,13 @@ def test_koi_fleet_show_reads_pools_and_ranks_from_ec2(tmp_path, moto_endpoint, 
                              "budget": 4, "used": 3, "free": 1}]
     [rk] = doc["ranks"]
     assert (rk["job"], rk["rank"], rk["replicas"], rk["state"]) == ("job-0", rank.rank_id("job-0"), 3, "serving")
+    assert rk["routed"] == "100%" and [b["weight"] for b in doc["routes"]["job-0"]] == [4, 4, 4]
     assert doc["telemetry"] == {"source": "worker scrape", "every_s": 15.0}
+    ec2 = Ec2Fleet(cluster, load_fleet(f).resources, client_factory=ec2_factory, image_id="ami-0123456789abcdef0")
+    assert ec2.teardown("job-0", rank.rank_id("job-0"), "k-td", drain_s=30.0, handover=True)  # no replacement yet
+    r = CliRunner().invoke(app, ["fleet", "show", "--fleet", str(f), "--cluster", cluster, "--json"], env=CREDS)
+    [rk] = json.loads(r.stdout)["ranks"]
+    assert (rk["state"], rk["routed"]) == ("draining", "100%")  # handing over: still routed
     r = CliRunner().invoke(app, ["fleet", "show", "--fleet", str(tmp_path / "nope.yaml")])
     assert r.exit_code == 2 and "cannot read fleet file" in r.output
 

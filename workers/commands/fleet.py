@@ -2,7 +2,8 @@
 
 ``koi fleet show --fleet fleet.yaml --cluster koi-prod`` checks the fleet file, reaches the cloud with the
 credentials the workers will use, and lists each pool's budget and what the cluster's instances occupy, then each rank Koi runs
-there (job, replicas ready of the target, state), and where S1's telemetry comes from (with Prometheus: how many of
+there (job, replicas ready of the target, state, its share of the job's traffic in the route table Koi writes for
+the gateway — a draining rank still routed is handing over), and where S1's telemetry comes from (with Prometheus: how many of
 each rank's engines it scrapes). Nothing is changed. It is the dry run an operator wants before
 ``koi worker --world aws|gcp`` and the first place to look when a tick says a launch was refused.
 """
@@ -25,6 +26,7 @@ def show(
 ) -> None:
     """Pools (budget, used, free) and the cluster's ranks, read from the cloud; changes nothing."""
     from infra.cloud import FleetError, load_fleet, make_fleet
+    from infra.gateway import route_table
     from koi.config import get_settings
 
     s = get_settings()
@@ -43,6 +45,7 @@ def show(
         fleet_ = make_fleet(spec, cluster_id, cloud)  # type: ignore[arg-type]
         free = {p.pool_id: p.free_instances for p in fleet_.capacity().pools}
         deps = fleet_.deployments()
+        table = route_table(cluster_id, fleet_.routes(), spec.metrics_port)
     except FleetError as exc:
         fail(str(exc))
         return
@@ -52,16 +55,24 @@ def show(
     pools = [{"pool": p.pool_id, "instance_type": p.instance_type, "market": p.env.market.value,
               "budget": p.total_instances, "used": p.total_instances - free[p.pool_id], "free": free[p.pool_id]}
              for p in spec.pools]
+    share = {(job, b.rank_id): 0.0 for job, bs in table.jobs.items() for b in bs}
+    for job, bs in table.jobs.items():
+        for b in bs:
+            share[(job, b.rank_id)] += b.weight / sum(x.weight for x in bs)
+    # routed: the rank's share of its job's traffic at the gateway; a "draining" rank still routed is handing over
     ranks = [{"job": d.job_id, "rank": d.rank_id, "env": d.rank.env.env_id,
               "instance_type": d.rank.config.instance_type, "replicas_ready": d.replicas_ready,
-              "replicas": d.rank.n_replicas, "state": d.state.value} for d in deps]
+              "replicas": d.rank.n_replicas, "state": d.state.value,
+              "routed": f"{100 * share[(d.job_id, d.rank_id)]:.0f}%" if (d.job_id, d.rank_id) in share else "-"}
+             for d in deps]
     telemetry = _telemetry(spec, cluster_id, ranks)
     if json_out:
-        print_json({"cluster": cluster_id, "pools": pools, "ranks": ranks, "telemetry": telemetry})
+        print_json({"cluster": cluster_id, "pools": pools, "ranks": ranks, "telemetry": telemetry,
+                    "routes": table.model_dump(mode="json")["jobs"]})
         return
     emit(pools, False, title=f"fleet of cluster {cluster_id}: pools")
     if ranks:
-        emit(ranks, False, title="ranks")
+        emit(ranks, False, title="ranks (routed: the rank's share of its job's traffic at the gateway)")
     else:
         console.print("no ranks: Koi runs nothing on this fleet for this cluster")
     console.print(f"telemetry: {telemetry['source']}" + (f" at {telemetry['url']}" if telemetry.get("url") else "")
