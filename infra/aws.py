@@ -45,6 +45,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from infra import drain
+from infra.engine import EngineError, EngineSpec, script_for
 from infra.replicas import ReplicaGroups
 from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.logging import get_logger
@@ -61,6 +62,7 @@ T_REPLICA, T_BASE, T_NODES = "koi:replica", "koi:replica-base", "koi:nodes"
 T_REPLICAS, T_GEN, T_SPEC = "koi:replicas", "koi:gen", "koi:rank-spec"
 T_WEIGHT, T_REWEIGHT, T_TEARDOWN = "koi:route-weight", "koi:reweight-key", "koi:teardown-key"
 T_DRAIN, T_RDRAIN = "koi:drain", "koi:replica-drain-until"
+T_MODEL = "koi:model"
 
 TAG_MAX = 256
 #: States in which an instance still holds a place in its pool.
@@ -139,8 +141,10 @@ class Ec2Fleet:
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, client_factory: Callable[[str], Any] | None = None,
                  image_id: str = DEFAULT_IMAGE, clock: Callable[[], float] = time.time,
-                 run_args: Mapping[str, Any] | None = None) -> None:
+                 run_args: Mapping[str, Any] | None = None, engine: EngineSpec | None = None,
+                 engine_port: int = 8000) -> None:
         self.cluster_id = cluster_id
+        self.engine, self.engine_port = engine, engine_port
         self.pools = pools
         self.image_id = image_id
         self.run_args = dict(run_args or {})
@@ -271,9 +275,9 @@ class Ec2Fleet:
                 log.warning("aws.launch.failed", reason=reason)
                 return result(LaunchStatus.FAILED, reason=reason)
             self._run(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
-                      target=rank.n_replicas, gen=1, weight=rank.route_weight)
-        except ClientError as e:
-            reason = _aws_reason(e)
+                      target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
+        except (ClientError, EngineError) as e:
+            reason = _aws_reason(e) if isinstance(e, ClientError) else str(e)
             log.warning("aws.launch.failed", reason=reason)
             return result(LaunchStatus.FAILED, reason=reason)
         log.info("aws.launch", pool=pool.pool_id, replicas=rank.n_replicas, instances=need)
@@ -323,13 +327,14 @@ class Ec2Fleet:
             if add:
                 self._run(pool, job_id, rank_id, rank_from_tags(r.head), key=key, launch_key=r.head[T_LAUNCH_KEY],
                           base=max(r.replicas) + 1, count=add, target=n_replicas, gen=gen,
-                          weight=float(r.head[T_WEIGHT]) if T_WEIGHT in r.head else None, last_key=tv)
+                          weight=float(r.head[T_WEIGHT]) if T_WEIGHT in r.head else None, last_key=tv,
+                          model=r.head.get(T_MODEL))
             keep = sorted(i["InstanceId"] for i in present if i["InstanceId"] not in killed)
             if keep:  # every old replica broken: the new ones carry the target themselves
                 self._client(pool.env.region).create_tags(Resources=keep, Tags=_tag_list(
                     {T_REPLICAS: str(n_replicas), T_GEN: str(gen), T_LAST_KEY: tv}))
-        except ClientError as e:
-            reason = _aws_reason(e)
+        except (ClientError, EngineError) as e:
+            reason = _aws_reason(e) if isinstance(e, ClientError) else str(e)
             log.warning("aws.scale.failed", reason=reason)
             return result(LaunchStatus.FAILED, reason=reason)
         log.info("aws.scale", replicas=n_replicas, added=add, removed=len(drop) + len(retire) * bool(wait),
@@ -438,9 +443,12 @@ class Ec2Fleet:
         return self._zones[(region, zone)]
 
     def _run(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
-             count: int, target: int, gen: int, weight: float | None, last_key: str | None = None) -> list[str]:
-        """One all-or-nothing run_instances for ``count`` replicas (MinCount = MaxCount), then label replicas."""
+             count: int, target: int, gen: int, weight: float | None, last_key: str | None = None,
+             model: str | None = None) -> list[str]:
+        """One all-or-nothing run_instances for ``count`` replicas (MinCount = MaxCount), then label replicas.
+        With an engine spec, the user data starts vLLM as the rank asks (:mod:`infra.engine`)."""
         nodes = self._nodes(rank, pool)
+        script = script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, nodes)
         tags = {T_CLUSTER: self.cluster_id, T_JOB: job_id, T_RANK: rid, T_POOL: pool.pool_id,
                 T_ENV: rank.env.env_id[:TAG_MAX],
                 T_KEY: tag_value(key), T_LAUNCH_KEY: tag_value(launch_key), T_BASE: str(base), T_NODES: str(nodes),
@@ -450,6 +458,8 @@ class Ec2Fleet:
             tags[T_WEIGHT] = repr(float(weight))
         if last_key is not None:
             tags[T_LAST_KEY] = last_key
+        if model is not None:
+            tags[T_MODEL] = model
         args: dict[str, Any] = {
             **self.run_args, "ImageId": self.image_id, "InstanceType": pool.instance_type,
             "MinCount": count * nodes, "MaxCount": count * nodes, "ClientToken": client_token(self.cluster_id, key),
@@ -459,6 +469,8 @@ class Ec2Fleet:
             args["Placement"] = {"AvailabilityZone": zone}
         if pool.env.market is Market.SPOT:
             args["InstanceMarketOptions"] = {"MarketType": "spot"}
+        if script is not None:
+            args["UserData"] = script  # boto3 base64-encodes it
         client = self._client(pool.env.region)
         insts = client.run_instances(**args)["Instances"]
         replicas: dict[int, list[str]] = defaultdict(list)

@@ -56,6 +56,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from infra.aws import Ec2Fleet
+from infra.engine import EngineSpec
 from infra.gateway import GatewaySpec, GatewaySync
 from infra.prometheus import PrometheusTelemetry, write_file_sd
 from infra.vllm_metrics import ScrapeTarget, VllmMetricsObserver
@@ -96,6 +97,8 @@ class FleetSpec(KoiModel):
                                            description="a directory: Koi writes koi-<cluster>.json there for "
                                                        "Prometheus' file_sd_configs (the engines and rank labels)")
     prometheus_timeout_s: float = Field(default=30.0, gt=0)
+    engine: EngineSpec | None = Field(default=None, description="Koi starts vLLM on each instance as the rank asks "
+                                                                "(infra/engine.py); None: the image / run_args do")
     sweep_every_s: float = Field(default=10.0, gt=0, description="how often the worker moves torn-down ranks "
                                                                    "on: handover, drain, release (infra/drain.py)")
     gateway: GatewaySpec | None = Field(default=None, description="where Koi writes the traffic split it plans "
@@ -155,7 +158,7 @@ def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callabl
     if cloud == "aws":
         kw = {"image_id": spec.image_id} if spec.image_id else {}
         return Ec2Fleet(cluster_id, spec.resources, client_factory=client or ec2_client_factory(spec.endpoint_url),
-                        clock=clock, run_args=spec.run_args, **kw)
+                        clock=clock, run_args=spec.run_args, engine=spec.engine, engine_port=spec.metrics_port, **kw)
     if cloud == "gcp":
         from infra.gcp import GceFleet
 
@@ -163,7 +166,8 @@ def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callabl
             raise FleetError("the gcp world needs 'project' in the fleet file")
         kw = {"image": spec.image_id} if spec.image_id else {}
         return GceFleet(cluster_id, spec.resources, project=spec.project, client=client or gce_client(spec.endpoint_url),
-                        clock=clock, insert_args=spec.run_args, **kw)
+                        clock=clock, insert_args=spec.run_args, engine=spec.engine, engine_port=spec.metrics_port,
+                        **kw)
     raise FleetError(f"unknown cloud {cloud!r}: aws or gcp")
 
 

@@ -73,6 +73,7 @@ from google.api_core.exceptions import DeadlineExceeded, GoogleAPICallError, Not
 from google.cloud import compute_v1
 
 from infra import drain
+from infra.engine import EngineError, EngineSpec, script_for
 from infra.replicas import ReplicaGroups
 from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.logging import get_logger
@@ -85,6 +86,7 @@ DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/com
 L_CLUSTER, L_RANK, L_KEY, L_POOL = "koi_cluster", "koi_rank", "koi_key", "koi_pool"  # underscores: filter-safe field names
 M_CLUSTER, M_JOB, M_RANK, M_POOL = "koi-cluster", "koi-job", "koi-rank-id", "koi-pool-id"
 M_ENV, M_DRAIN, M_RDRAIN = "koi-env", "koi-drain", "koi-replica-drain-until"
+M_MODEL = "koi-model"
 M_KEY, M_LAUNCH_KEY, M_LAST_KEY = "koi-key", "koi-launch-key", "koi-last-key"
 M_REPLICA, M_NODE, M_NODES = "koi-replica", "koi-node", "koi-nodes"
 M_REPLICAS, M_GEN, M_SPEC = "koi-replicas", "koi-gen", "koi-rank-spec"
@@ -171,8 +173,10 @@ class GceFleet:
     def __init__(self, cluster_id: str, pools: ResourceMap, *, project: str,
                  client: compute_v1.InstancesClient | None = None, image: str = DEFAULT_IMAGE,
                  clock: Callable[[], float] = time.time, insert_args: Mapping[str, Any] | None = None,
-                 boot_disk_gb: int = 200, op_timeout: float = 600.0) -> None:
+                 boot_disk_gb: int = 200, op_timeout: float = 600.0, engine: EngineSpec | None = None,
+                 engine_port: int = 8000) -> None:
         self.cluster_id = cluster_id
+        self.engine, self.engine_port = engine, engine_port
         self.pools = pools
         self.project = project
         self.image = image
@@ -293,9 +297,11 @@ class GceFleet:
                                                            f"need {need} instance(s), {free} of "
                                                            f"{pool.total_instances} free"))
             self._insert(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
-                         target=rank.n_replicas, gen=1, weight=rank.route_weight)
+                         target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
         except GoogleAPICallError as e:
             return result(LaunchStatus.FAILED, reason=gce_reason(e))
+        except EngineError as e:
+            return result(LaunchStatus.FAILED, reason=str(e))
         log.info("gcp.launch", pool=pool.pool_id, zone=zone, replicas=rank.n_replicas, instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
 
@@ -346,13 +352,16 @@ class GceFleet:
             if add:
                 self._insert(pool, job_id, rank_id, rank_from_metadata(r.head), key=key,
                              launch_key=r.head[M_LAUNCH_KEY], base=max(r.replicas) + 1, count=add, target=n_replicas,
-                             gen=gen, weight=float(r.head[M_WEIGHT]) if M_WEIGHT in r.head else None, last_key=key)
+                             gen=gen, weight=float(r.head[M_WEIGHT]) if M_WEIGHT in r.head else None, last_key=key,
+                             model=r.head.get(M_MODEL))
             gone = {i.name for i in killed}
             # every old replica broken: the new ones carry the target themselves
             self._set_metadata([i for i in present if i.name not in gone],
                                {M_REPLICAS: str(n_replicas), M_GEN: str(gen), M_LAST_KEY: key})
         except GoogleAPICallError as e:
             return result(LaunchStatus.FAILED, reason=gce_reason(e))
+        except EngineError as e:
+            return result(LaunchStatus.FAILED, reason=str(e))
         log.info("gcp.scale", replicas=n_replicas, added=add, removed=len(drop) + len(retire) * bool(wait),
                  drain_s=wait)
         return result(LaunchStatus.LAUNCHED, n_replicas)
@@ -448,9 +457,12 @@ class GceFleet:
         self._wait(ops)
 
     def _insert(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
-                count: int, target: int, gen: int, weight: float | None, last_key: str | None = None) -> None:
-        """Insert ``count`` replicas of ``nodes`` instances; on any failure delete what this call made, raise."""
+                count: int, target: int, gen: int, weight: float | None, last_key: str | None = None,
+                model: str | None = None) -> None:
+        """Insert ``count`` replicas of ``nodes`` instances; on any failure delete what this call made, raise. With
+        an engine spec, a ``startup-script`` starts vLLM as the rank asks (:mod:`infra.engine`)."""
         nodes, zone = self._nodes(rank, pool), pool.env.zone
+        script = script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, nodes)
         args = dict(self.insert_args)
         extra_md = {str(k): str(v) for k, v in dict(args.pop("metadata", None) or {}).items()}
         labels = {**dict(args.pop("labels", None) or {}),
@@ -462,6 +474,10 @@ class GceFleet:
             md[M_WEIGHT] = repr(float(weight))
         if last_key is not None:
             md[M_LAST_KEY] = last_key
+        if model is not None:
+            md[M_MODEL] = model
+        if script is not None:
+            md["startup-script"] = script
         spot = pool.env.market is Market.SPOT
         scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=not spot)
         if spot:
