@@ -227,7 +227,12 @@ class CloudWorld:
         (:mod:`infra.drain`), so capacity and handovers are current even when no background sweep runs."""
         if not self._swept:
             self._swept = True
-            if self.fleet.sweep():
+            try:
+                changed = self.fleet.sweep()
+            except Exception as exc:  # noqa: BLE001 - housekeeping: the worker's sweep tries again, the op goes on
+                log.warning("cloud.sweep_failed", error=f"{type(exc).__name__}: {exc}")
+                return
+            if changed:
                 self._on_change()
 
     # ---- Observer -------------------------------------------------------------------------------

@@ -483,3 +483,24 @@ def test_the_worker_releases_a_drained_rank_by_itself(tmp_path, spec, ec2_factor
         assert koi_instances(ec2_factory, cluster) == [] and world.deployments() == []
     finally:
         provider.close()
+
+
+def test_a_failing_sweep_does_not_fail_the_ticks_executor_calls():
+    """The sweep before a tick's first executor call is housekeeping: a cloud error there is logged and the call
+    goes on (the worker's periodic sweep tries again)."""
+    from infra.cloud import CloudWorld
+
+    class Fleet:
+        calls: list[str] = []
+
+        def sweep(self) -> int:
+            raise RuntimeError("RequestLimitExceeded")
+
+        def reweight(self, job_id: str, rank_id: str, w: float, key: str) -> bool:
+            self.calls.append(key)
+            return True
+
+    kicked = []
+    world = CloudWorld(Fleet(), on_change=lambda: kicked.append(1))
+    assert world.reweight("job-0", "r", 2.0, "k-1") and world.reweight("job-0", "r", 3.0, "k-2")
+    assert Fleet.calls == ["k-1", "k-2"] and kicked == [1, 1]  # swept once (failed), each call kicks the gateway
