@@ -220,3 +220,39 @@ def test_a_rank_whose_every_replica_broke_is_rebuilt_by_scale(fleet, cluster, cl
     assert dep.state is DeploymentState.SERVING and dep.replicas_ready == 2 and dep.rank.n_replicas == 2
     live = instances(client_factory, cluster)
     assert len(live) == 4 and {tags(i)["koi:replica"] for i in live} == {"2", "3"}  # the half replicas are gone
+
+
+def test_the_shipped_iam_policy_allows_every_call_the_fleet_makes(cluster, client_factory):
+    """infra/aws-iam-policy.json against the EC2 operations a whole lifecycle calls (recorded with botocore's
+    events): a new call in the code without the policy following fails here."""
+    import json
+    from pathlib import Path
+
+    called: set[str] = set()
+
+    def factory(region: str) -> Any:
+        c = client_factory(region)
+        c.meta.events.register("before-call.ec2", lambda model, **_: called.add(f"ec2:{model.name}"))
+        return c
+
+    fleet = Ec2Fleet(cluster, pools(), client_factory=factory, image_id=IMAGE, clock=lambda: 1234.5)
+    s = small(1)  # the spot pool names an AZ id: DescribeAvailabilityZones
+    fleet.launch(job(1), s, "k-l")
+    rid = s.rank_id("job-1")
+    fleet.scale("job-1", rid, 2, "k-up")
+    fleet.scale("job-1", rid, 1, "k-down", drain_s=0.0)
+    fleet.scale("job-1", rid, 2, "k-up2")
+    fleet.scale("job-1", rid, 1, "k-down2", drain_s=30.0)
+    fleet.reweight("job-1", rid, 2.0, "k-w")
+    fleet.capacity(), fleet.deployments(), fleet.engine_hosts(), fleet.routes()
+    fleet.teardown("job-1", rid, "k-td", drain_s=30.0, handover=True)
+    fleet._clock = lambda: 1234.5 + 2000.0
+    fleet.sweep(), fleet.sweep()
+    assert {"ec2:RunInstances", "ec2:CreateTags", "ec2:TerminateInstances", "ec2:DescribeInstances",
+            "ec2:DescribeAvailabilityZones"} <= called
+    policy = json.loads((Path(__file__).resolve().parents[1] / "infra/aws-iam-policy.json").read_text())
+    allowed = set()
+    for st in policy["Statement"]:
+        acts = st["Action"]
+        allowed |= {acts} if isinstance(acts, str) else set(acts)
+    assert called <= allowed, called - allowed
