@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from infra.metrics import METRICS, KoiMetrics
 from koi.logging import get_logger
 from koi.pipeline import deploy, stages
 from koi.pipeline.errors import InputError, describe, is_retryable
@@ -79,8 +80,8 @@ def translate(fn: Callable[..., T]) -> Callable[..., T]:
 class TickActivities:
     """The activities of a worker, bound to one :class:`Runtime`."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.rt = runtime
+    def __init__(self, runtime: Runtime, metrics: KoiMetrics = METRICS) -> None:
+        self.rt, self.metrics = runtime, metrics
         runtime.heartbeat = heartbeat
 
     @activity.defn(name="sync_jobs")
@@ -106,7 +107,9 @@ class TickActivities:
     @activity.defn(name="s1_observe")
     @translate
     def s1_observe(self, ref: StageRef) -> ObserveSummary:
-        return stages.s1_observe(self.rt, ref)
+        out = stages.s1_observe(self.rt, ref)
+        self.metrics.record("s1_observe", lambda: self.metrics.observed(ref.cluster_id, out))
+        return out
 
     @activity.defn(name="s2_validate")
     @translate
@@ -126,7 +129,9 @@ class TickActivities:
     @activity.defn(name="s6_deploy")
     @translate
     def s6_deploy(self, ref: StageRef) -> DeploySummary:
-        return deploy.s6_deploy(self.rt, ref)
+        out = deploy.s6_deploy(self.rt, ref)
+        self.metrics.record("s6_deploy", lambda: self.metrics.deployed(ref.cluster_id, out))
+        return out
 
     @activity.defn(name="compensate_keep_all")
     @translate
@@ -136,7 +141,9 @@ class TickActivities:
     @activity.defn(name="finish_tick")
     @translate
     def finish_tick(self, inp: FinishInput) -> FinishSummary:
-        return stages.finish_tick(self.rt, inp)
+        out = stages.finish_tick(self.rt, inp)
+        self.metrics.record("finish_tick", lambda: self.metrics.finished(inp, out))
+        return out
 
     def all(self) -> list[Callable[..., Any]]:
         return [

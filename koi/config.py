@@ -37,6 +37,9 @@ class Settings(BaseSettings):
                                                 "(then fleet_file)")
     fleet_file: Path | None = Field(default=None, description="a real world's fleet file (infra/cloud.py FleetSpec)")
     tick_interval_s: float = Field(default=300.0, gt=0, description="planning tick (Appendix B: ~300 s)")
+    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="`koi worker` serves Koi's metrics "
+                                     "for Prometheus on this port (infra/metrics.py); None: not served")
+    metrics_addr: str = Field(default="0.0.0.0", description="the address the metrics are served on")  # noqa: S104
 
     # ---- LLM (the RLM planner) ------------------------------------------------------------
     llm_base_url: str | None = None

@@ -58,3 +58,43 @@ async def test_the_cluster_workflow_launches_on_ec2(client, rt, ec2_factory):  #
     with session_scope(rt.engine) as s:
         launches = [d for d in list_deploys(s, cid) if d.detail.get("op") == "launch"]
     assert sorted(d.job_id for d in launches) == ["job-0", "job-1"]
+    # the worker's own metrics (infra/metrics.py) counted what it ran
+    from infra.metrics import METRICS
+
+    def value(name: str, **labels: str) -> float | None:
+        return METRICS.registry.get_sample_value(name, {"cluster": cid, **labels})
+
+    assert value("koi_ticks_total", outcome="committed") == 3 and value("koi_tick_last") == 2
+    assert value("koi_deploy_ops_total", op="launched") == 2 and value("koi_ranks") == 2
+    assert value("koi_gpus_in_use") == 2 and value("koi_tick_stage_seconds_count", stage="s0_snapshot") == 3
+
+
+async def test_koi_worker_serves_its_metrics(client, rt):  # noqa: F811 - pytest fixtures
+    """``run_worker`` with ``metrics_port`` (``koi worker --metrics-port``) serves the process's metrics over HTTP."""
+    import asyncio
+    import socket
+
+    import httpx
+
+    from koi.config import get_settings
+    from workers.main import run_worker
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    s = get_settings().model_copy(update={"metrics_port": port, "metrics_addr": "127.0.0.1",
+                                          "tick_task_queue": unique("q"), "plan_task_queue": unique("p")})
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_worker(rt, queues=("ticks",), settings=s, client=client, stop=stop))
+    try:
+        async with httpx.AsyncClient() as http:
+            for _ in range(100):
+                try:
+                    r = await http.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+                    break
+                except httpx.HTTPError:
+                    await asyncio.sleep(0.1)
+        assert r.status_code == 200 and "# TYPE koi_ticks_total counter" in r.text
+    finally:
+        stop.set()
+        await task

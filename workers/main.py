@@ -136,6 +136,10 @@ async def run_worker(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
+    if s.metrics_port:
+        from infra.metrics import METRICS
+
+        METRICS.serve(s.metrics_port, s.metrics_addr)
     log.info("worker.start", address=s.temporal_address, queues=[w.task_queue for w in workers])
     tasks = [asyncio.create_task(w.run()) for w in workers]
     try:

@@ -22,6 +22,8 @@ def worker(
     fleet: str | None = typer.Option(None, help="aws/gcp: the fleet file (pools, image, metrics port; docs/OPS.md); "
                                                 "default KOI_FLEET_FILE"),
     launch_delay: float = typer.Option(0.0, help="sim: real seconds each launch takes (like a cloud API call)"),
+    metrics_port: int | None = typer.Option(None, help="serve Koi's metrics for Prometheus on this port "
+                                                       "(infra/metrics.py); default KOI_METRICS_PORT, else none"),
 ) -> None:
     """Run a worker: the tick and planning task queues, until SIGINT/SIGTERM."""
     from koi.config import get_settings
@@ -30,7 +32,10 @@ def worker(
     from workers.runtime import build_runtime
 
     configure()
-    world = world or get_settings().world
+    s = get_settings()
+    if metrics_port is not None:
+        s = s.model_copy(update={"metrics_port": metrics_port})
+    world = world or s.world
     opts: dict = {"world_options": {"launch_delay_s": launch_delay}} if world == "sim" else {}
     if world == "ledger":
         fail("the ledger world needs a resource map; it is for tests (use --world sim)")
@@ -41,7 +46,7 @@ def worker(
     except ValueError as exc:  # an unknown world, a missing or malformed fleet file (FleetError)
         fail(str(exc))
         return
-    asyncio.run(run_worker(rt, queues=queue))
+    asyncio.run(run_worker(rt, queues=queue, settings=s))
 
 
 def dev(
