@@ -23,8 +23,8 @@ Choices (the spec's gateway is the simulator's router, :mod:`koi.sim.routing`; a
    no traffic. A job with no ready replica answers 503 with ``Retry-After`` (the simulator's requests wait at the
    gateway; a client of a real gateway retries).
 3. **Write only on change, atomically**, and reload only then: a sync that finds the same table does nothing, so
-   the periodic sync costs the cloud's list calls and no reloads. A failing reload is raised (the sync logs it and
-   retries next period); the files then hold the new table and the next change reloads again.
+   the periodic sync costs the cloud's list calls and no reloads. A failing reload is raised (the sync logs it)
+   and tried again at every sync until nginx takes the files.
 """
 
 from __future__ import annotations
@@ -134,9 +134,11 @@ class GatewaySync:
         self.dir = Path(spec.directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.reloads = 0
+        self._reload_due = False  # the files changed but nginx has not taken them (a reload failed)
 
     def sync(self) -> bool:
-        """Read the fleet, write what changed, reload nginx if its files changed; True when anything changed."""
+        """Read the fleet, write what changed, reload nginx if its files changed (or a reload is still due); True
+        when anything was written or reloaded."""
         deps = self.fleet.deployments()
         table = route_table(self.cluster_id, self.fleet.routes(), self.port)
         changed = _write(self.dir / f"routes-{self.cluster_id}.json",
@@ -145,12 +147,15 @@ class GatewaySync:
             ups, locs = nginx_conf(table, [d.job_id for d in deps])
             conf = [_write(self.dir / f"koi-{self.cluster_id}-upstreams.conf", ups),
                     _write(self.dir / f"koi-{self.cluster_id}-locations.conf", locs)]
-            if any(conf):
+            if any(conf) or self._reload_due:
+                self._reload_due = True
                 done = subprocess.run(self.spec.reload_command, capture_output=True, text=True, timeout=60)
                 if done.returncode != 0:
                     raise RuntimeError(f"{' '.join(self.spec.reload_command)} exited {done.returncode}: "
                                        f"{(done.stderr or done.stdout).strip()[:300]}")
+                self._reload_due = False
                 self.reloads += 1
+                changed = True
             changed = changed or any(conf)
         if changed:
             log.info("gateway.synced", cluster=self.cluster_id, jobs=len(table.jobs),

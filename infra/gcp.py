@@ -379,7 +379,7 @@ class GceFleet:
         deferred = bool(mine) and (handover or drain_s > 0)
         if deferred:
             ranks = self._ranks()
-            if M_DRAIN in ranks[rank_id].head:
+            if rank_id not in ranks or M_DRAIN in ranks[rank_id].head:
                 return False
             d = drain.begin(rank_id, drain.views(ranks, M_JOB, M_DRAIN), self.now(), drain_s, handover)
             mark[M_DRAIN] = d.encode()

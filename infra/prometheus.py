@@ -158,6 +158,7 @@ class PrometheusTelemetry:
             return []
         # (job, rank) -> env, engine -> t -> samples
         envs: dict[tuple[str, str], str] = {}
+        noted: set[str] = set()
         points: dict[tuple[str, str], dict[str, dict[float, list[Sample]]]] = defaultdict(
             lambda: defaultdict(lambda: defaultdict(list)))
         for series in result:
@@ -169,8 +170,11 @@ class PrometheusTelemetry:
                 labels = tuple(sorted((k, v) for k, v in metric.items() if k not in _TARGET_LABELS))
                 values = [(float(t), _value(v)) for t, v in series["values"]]
             except (KeyError, TypeError, ValueError) as exc:
-                self._note(t_end, "bad_series", str(series.get("metric") if isinstance(series, dict) else series)[:200],
-                           f"{type(exc).__name__}: {exc}")
+                what = series.get("metric", {}) if isinstance(series, dict) else {}
+                where = f"{what.get('instance', '?')}/{what.get('__name__', '?')}" if isinstance(what, dict) else "?"
+                if (why := f"{type(exc).__name__}: {exc}") not in noted:  # once per reason per read, not per series
+                    noted.add(why)
+                    self._note(t_end, "bad_series", where, why)
                 continue
             envs[(job, rank)] = env
             for t, v in values:

@@ -207,12 +207,20 @@ def test_nginx_splits_a_jobs_requests_by_koi_weights_and_follows_each_change(ngi
             e.close()
 
 
-def test_a_failing_reload_is_raised_and_retried_on_the_next_change(tmp_path):
+def test_a_failing_reload_is_raised_and_tried_again_until_nginx_takes_the_files(tmp_path):
     f = Fleet()
     f.put("job-a", rank(1.0), ("10.0.0.1",))
-    sync = GatewaySync(GatewaySpec(kind="nginx", directory=str(tmp_path), reload_command=["false"]), "c1", f, 8000)
-    with pytest.raises(RuntimeError, match="false exited 1"):
+    flag = tmp_path / "nginx-down"
+    flag.touch()
+    reload = ["sh", "-c", f"test ! -e {flag}"]  # fails while the flag exists
+    sync = GatewaySync(GatewaySpec(kind="nginx", directory=str(tmp_path), reload_command=reload), "c1", f, 8000)
+    with pytest.raises(RuntimeError, match="exited 1"):
         sync.sync()
     assert (tmp_path / "koi-c1-upstreams.conf").exists() and sync.reloads == 0
+    with pytest.raises(RuntimeError, match="exited 1"):  # the table did not change: the reload is still due
+        sync.sync()
+    flag.unlink()
+    assert sync.sync() and sync.reloads == 1  # nginx took them
+    assert not sync.sync() and sync.reloads == 1
     json_only = GatewaySync(GatewaySpec(directory=str(tmp_path / "j")), "c1", f, 8000)
     assert json_only.sync() and not list((tmp_path / "j").glob("*.conf"))
