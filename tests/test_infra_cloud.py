@@ -263,7 +263,8 @@ def test_koi_fleet_show_reads_pools_and_ranks_from_ec2(tmp_path, moto_endpoint, 
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["pools"] == [{"pool": ENV.env_id + "/g6.xlarge", "instance_type": "g6.xlarge", "market": "on_demand",
-                             "budget": 4, "used": 3, "free": 1}]
+                             "budget": 4, "used": 3, "free": 1, "usd_per_hour": 2.4}]
+    assert doc["usd_per_hour"] == 2.4  # three instances at $0.80
     [rk] = doc["ranks"]
     assert (rk["job"], rk["rank"], rk["replicas"], rk["state"]) == ("job-0", rank.rank_id("job-0"), 3, "serving")
     assert rk["routed"] == "100%" and [b["weight"] for b in doc["routes"]["job-0"]] == [4, 4, 4]

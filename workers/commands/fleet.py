@@ -52,9 +52,12 @@ def show(
     except Exception as exc:  # noqa: BLE001 - the cloud SDK's errors (credentials, network, API): report, exit 2
         fail(f"cannot read the fleet from {cloud}: {type(exc).__name__}: {exc}")
         return
+    # usd_per_hour: what the cluster's instances in the pool cost at the file's price, draining ones included
     pools = [{"pool": p.pool_id, "instance_type": p.instance_type, "market": p.env.market.value,
-              "budget": p.total_instances, "used": p.total_instances - free[p.pool_id], "free": free[p.pool_id]}
+              "budget": p.total_instances, "used": p.total_instances - free[p.pool_id], "free": free[p.pool_id],
+              "usd_per_hour": round((p.total_instances - free[p.pool_id]) * p.hourly_price, 2)}
              for p in spec.pools]
+    usd = round(sum(p["usd_per_hour"] for p in pools), 2)
     share = {(job, b.rank_id): 0.0 for job, bs in table.jobs.items() for b in bs}
     for job, bs in table.jobs.items():
         for b in bs:
@@ -67,10 +70,10 @@ def show(
              for d in deps]
     telemetry = _telemetry(spec, cluster_id, ranks)
     if json_out:
-        print_json({"cluster": cluster_id, "pools": pools, "ranks": ranks, "telemetry": telemetry,
-                    "routes": table.model_dump(mode="json")["jobs"]})
+        print_json({"cluster": cluster_id, "pools": pools, "usd_per_hour": usd, "ranks": ranks,
+                    "telemetry": telemetry, "routes": table.model_dump(mode="json")["jobs"]})
         return
-    emit(pools, False, title=f"fleet of cluster {cluster_id}: pools")
+    emit(pools, False, title=f"fleet of cluster {cluster_id}: pools (${usd:,.2f}/h in all)")
     if ranks:
         emit(ranks, False, title="ranks (routed: the rank's share of its job's traffic at the gateway)")
     else:
