@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 
 import pytest
 from typer.testing import CliRunner
@@ -69,6 +71,20 @@ def runtime(tmp_path, provider) -> Runtime:
     return Runtime(engine=eng, world=provider, proposers={"p": place_pending}, default_proposer="p",
                    validator=lambda s, c, t, snap, plan: Verdict(valid=True, plan=plan),
                    s2=lambda s, c, t: {}, s3=lambda s, c, t: {}, interval_s=60.0)
+
+
+@contextmanager
+def launched(tmp_path, spec: FleetSpec, ec2_factory) -> Iterator[tuple[str, Clock, CloudWorldProvider, Runtime]]:
+    """A fresh cluster on EC2 whose tick 0 launched job-0's rank (two replicas); the provider is closed after."""
+    cluster, clock = f"c-{uuid.uuid4().hex[:8]}", Clock()
+    provider = CloudWorldProvider(spec, client_factory=ec2_factory, clock=clock)
+    try:
+        rt = runtime(tmp_path, provider)
+        run_ticks(rt, cluster, 0, jobs=[job(0)])
+        assert run_tick(rt, cluster, 0).deploy.launched == 1
+        yield cluster, clock, provider, rt
+    finally:
+        provider.close()
 
 
 def koi_instances(factory, cluster: str) -> list[dict]:
@@ -381,12 +397,7 @@ def test_with_prometheus_s1_reads_it_and_koi_publishes_the_targets(tmp_path, spe
     fake = FakePrometheus()
     sd = tmp_path / "sd"
     live = spec.model_copy(update={"prometheus_url": fake.url, "prometheus_file_sd": str(sd), "targets_ttl_s": 0.0})
-    cluster, clock = f"c-{uuid.uuid4().hex[:8]}", Clock()
-    provider = CloudWorldProvider(live, client_factory=ec2_factory, clock=clock)
-    try:
-        rt = runtime(tmp_path, provider)
-        run_ticks(rt, cluster, 0, jobs=[job(0)])
-        assert run_tick(rt, cluster, 0).deploy.launched == 1
+    with closing(fake), launched(tmp_path, live, ec2_factory) as (cluster, _, provider, rt):
         assert provider.scrapers == {}
         path = sd / f"koi-{cluster}.json"
         end = time.time() + 10
@@ -418,9 +429,6 @@ def test_with_prometheus_s1_reads_it_and_koi_publishes_the_targets(tmp_path, spe
         assert r2.outcome is TickOutcome.FALLBACK and r2.failed_stage == "s1_observe"
         assert "PrometheusUnavailable" in r2.reason and "HTTP 503" in r2.reason
         assert len(koi_instances(ec2_factory, cluster)) == 2
-    finally:
-        provider.close()
-        fake.close()
 
 
 def test_the_gateway_sync_follows_what_the_executor_does_at_once(tmp_path, spec, ec2_factory):
@@ -433,10 +441,8 @@ def test_the_gateway_sync_follows_what_the_executor_does_at_once(tmp_path, spec,
 
     routes = tmp_path / "gw"
     live = spec.model_copy(update={"gateway": GatewaySpec(directory=str(routes), every_s=3600.0)})
-    cluster, clock = f"c-{uuid.uuid4().hex[:8]}", Clock()
-    provider = CloudWorldProvider(live, client_factory=ec2_factory, clock=clock)
 
-    def jobs_soon(want: set[str]) -> dict:
+    def jobs_soon(cluster: str, want: set[str]) -> dict:
         end, table = time.time() + 10, {}
         while time.time() < end:
             f = routes / f"routes-{cluster}.json"
@@ -446,18 +452,13 @@ def test_the_gateway_sync_follows_what_the_executor_does_at_once(tmp_path, spec,
             time.sleep(0.05)
         pytest.fail(f"routes {table}, want jobs {want}")
 
-    try:
-        rt = runtime(tmp_path, provider)
-        run_ticks(rt, cluster, 0, jobs=[job(0)])
-        assert run_tick(rt, cluster, 0).deploy.launched == 1
-        table = jobs_soon({"job-0"})
+    with launched(tmp_path, live, ec2_factory) as (cluster, _, provider, _rt):
+        table = jobs_soon(cluster, {"job-0"})
         heads = {f"{i['PrivateIpAddress']}:8001" for i in koi_instances(ec2_factory, cluster)}
         assert {b["address"] for b in table["job-0"]} == heads and len(heads) == 2
         (dep,) = provider.world(cluster).deployments()
         assert provider.world(cluster).teardown("job-0", dep.rank_id, "k-down")
-        jobs_soon(set())
-    finally:
-        provider.close()
+        jobs_soon(cluster, set())
 
 
 def test_the_worker_releases_a_drained_rank_by_itself(tmp_path, spec, ec2_factory):
@@ -466,12 +467,7 @@ def test_the_worker_releases_a_drained_rank_by_itself(tmp_path, spec, ec2_factor
     import time
 
     live = spec.model_copy(update={"sweep_every_s": 0.05})
-    cluster, clock = f"c-{uuid.uuid4().hex[:8]}", Clock()
-    provider = CloudWorldProvider(live, client_factory=ec2_factory, clock=clock)
-    try:
-        rt = runtime(tmp_path, provider)
-        run_ticks(rt, cluster, 0, jobs=[job(0)])
-        assert run_tick(rt, cluster, 0).deploy.launched == 1
+    with launched(tmp_path, live, ec2_factory) as (cluster, clock, provider, _rt):
         world = provider.world(cluster)
         (dep,) = world.deployments()
         assert world.teardown("job-0", dep.rank_id, "k-down", drain_s=30.0)
@@ -482,8 +478,6 @@ def test_the_worker_releases_a_drained_rank_by_itself(tmp_path, spec, ec2_factor
         while time.time() < end and koi_instances(ec2_factory, cluster):
             time.sleep(0.05)
         assert koi_instances(ec2_factory, cluster) == [] and world.deployments() == []
-    finally:
-        provider.close()
 
 
 def test_a_failing_sweep_does_not_fail_the_ticks_executor_calls():

@@ -8,12 +8,10 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import pytest
 from infra.gateway import GatewaySpec, GatewaySync, nginx_conf, route_table, upstream_name
 from koi.domain import ChainConfig, Deployment, DeploymentState, Environment, Rank
 from koi.domain.routing import gateway_weights
+from tests.fakes.http import TextHandler, serve, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = Environment(cloud="aws", region="us-east-1", zone="us-east-1a", market="on_demand", gpu_type="L4")
@@ -112,23 +111,14 @@ class Engine:
     every request with its name and the path it got."""
 
     def __init__(self, host: str, port: int, name: str) -> None:
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(TextHandler):
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                body = json.dumps({"engine": name, "path": self.path}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.send_text(json.dumps({"engine": name, "path": self.path}))
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = serve(Handler, host, port)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        stop(self.httpd)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -27,6 +26,7 @@ from koi.domain import Action, ActionType, ChainConfig, Ladder, Plan, Rank
 from koi.pipeline import ProposeContext, run_tick, run_ticks
 from koi.pipeline.messages import TickOutcome
 from koi.store import get_telemetry, session_scope
+from tests.fakes.http import TextHandler, serve, stop
 from tests.fakes.jobs import chat_job
 from tests.test_infra_cloud import ENV, FLEET_YAML, koi_instances, runtime
 from tests.test_infra_gateway import free_port, nginx  # noqa: F401 - the nginx fixture
@@ -44,35 +44,23 @@ class Engine:
         self.host, self.requests, self.lock = host, 0, threading.Lock()
         eng = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(TextHandler):
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with eng.lock:
                     eng.requests += 1
-                self._send(json.dumps({"engine": eng.host, "usage": {"completion_tokens": TOKENS}}))
+                self.send_text(json.dumps({"engine": eng.host, "usage": {"completion_tokens": TOKENS}}))
 
             def do_GET(self) -> None:  # noqa: N802
                 with eng.lock:
                     n = eng.requests
-                self._send(page(running=1, waiting=0, kv=0.3, gen=TOKENS * n, ttft=(n, n, n, n, n, n),
-                                tpot=(n, n, n, n, n), prompt=(100 * n, n), out=(TOKENS * n, n)))
+                self.send_text(page(running=1, waiting=0, kv=0.3, gen=TOKENS * n, ttft=(n, n, n, n, n, n),
+                                    tpot=(n, n, n, n, n), prompt=(100 * n, n), out=(TOKENS * n, n)))
 
-            def _send(self, body: str) -> None:
-                data = body.encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = serve(Handler, host, port)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        stop(self.httpd)
 
 
 @pytest.fixture
