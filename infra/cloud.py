@@ -72,12 +72,23 @@ class FleetError(ValueError):
     """A fleet file that cannot be used, with what is wrong in it."""
 
 
+class AzureSpec(KoiModel):
+    """The fleet file's ``azure:`` section: where the engines' VMs live (:class:`infra.azure.AzureFleet`)."""
+
+    subscription_id: str = Field(min_length=1)
+    resource_group: str = Field(min_length=1)
+    subnet_id: str = Field(min_length=1, description="the subnet the engines' NICs join (a resource id)")
+    ssh_public_key: str = Field(min_length=1, description="the admin's key; password login is off")
+    admin_username: str = Field(default="koi", min_length=1)
+
+
 class FleetSpec(KoiModel):
     pools: list[Pool] = Field(min_length=1, description="what the cluster may launch: Koi never leaves these")
     image_id: str | None = Field(default=None, min_length=1,
                                  description="the machine image that boots vLLM (an AMI; a GCE image URL); None: "
                                              "each cloud's deep-learning image")
     project: str | None = Field(default=None, min_length=1, description="gcp: the project the instances live in")
+    azure: AzureSpec | None = Field(default=None, description="azure: subscription, resource group, subnet, SSH key")
     run_args: dict[str, Any] = Field(default_factory=dict,
                                      description="merged into every launch: aws run_instances arguments (SubnetId, "
                                                  "SecurityGroupIds, IamInstanceProfile, UserData that starts the "
@@ -139,7 +150,20 @@ def ec2_client_factory(endpoint_url: str | None = None, **client_kw: Any) -> Cal
     return make
 
 
-Cloud = Literal["aws", "gcp"]
+Cloud = Literal["aws", "gcp", "azure"]
+
+
+def azure_clients(spec: FleetSpec) -> tuple[Any, Any]:
+    """(ComputeManagementClient, NetworkManagementClient) with ``DefaultAzureCredential`` (environment, managed
+    identity, the Azure CLI, ...); ``endpoint_url``: another Resource Manager endpoint (a sovereign cloud)."""
+    from azure.identity import DefaultAzureCredential
+    from azure.mgmt.compute import ComputeManagementClient
+    from azure.mgmt.network import NetworkManagementClient
+
+    assert spec.azure is not None
+    cred, kw = DefaultAzureCredential(), ({"base_url": spec.endpoint_url} if spec.endpoint_url else {})
+    return (ComputeManagementClient(cred, spec.azure.subscription_id, **kw),
+            NetworkManagementClient(cred, spec.azure.subscription_id, **kw))
 
 
 def gce_client(endpoint_url: str | None = None) -> Any:
@@ -153,8 +177,10 @@ def gce_client(endpoint_url: str | None = None) -> Any:
 
 def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callable[[], float] = time.time,
                client: Any = None) -> Any:
-    """The executor of ``cloud`` for one cluster: :class:`infra.aws.Ec2Fleet` or :class:`infra.gcp.GceFleet`.
-    ``client``: aws, ``region -> EC2 client``; gcp, an ``InstancesClient`` (default: from ``spec.endpoint_url``)."""
+    """The executor of ``cloud`` for one cluster: :class:`infra.aws.Ec2Fleet`, :class:`infra.gcp.GceFleet` or
+    :class:`infra.azure.AzureFleet`. ``client``: aws, ``region -> EC2 client``; gcp, an ``InstancesClient``; azure,
+    ``(ComputeManagementClient, NetworkManagementClient)`` (default: from ``spec.endpoint_url`` and the cloud's
+    default credentials)."""
     if cloud == "aws":
         kw = {"image_id": spec.image_id} if spec.image_id else {}
         return Ec2Fleet(cluster_id, spec.resources, client_factory=client or ec2_client_factory(spec.endpoint_url),
@@ -168,7 +194,19 @@ def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callabl
         return GceFleet(cluster_id, spec.resources, project=spec.project, client=client or gce_client(spec.endpoint_url),
                         clock=clock, insert_args=spec.run_args, engine=spec.engine, engine_port=spec.metrics_port,
                         **kw)
-    raise FleetError(f"unknown cloud {cloud!r}: aws or gcp")
+    if cloud == "azure":
+        from infra.azure import AzureFleet
+
+        if spec.azure is None:
+            raise FleetError("the azure world needs an 'azure' section in the fleet file (subscription_id, "
+                             "resource_group, subnet_id, ssh_public_key)")
+        compute, network = client or azure_clients(spec)
+        kw = {"image": spec.image_id} if spec.image_id else {}
+        return AzureFleet(cluster_id, spec.resources, resource_group=spec.azure.resource_group,
+                          subnet_id=spec.azure.subnet_id, compute=compute, network=network,
+                          ssh_public_key=spec.azure.ssh_public_key, admin_username=spec.azure.admin_username,
+                          clock=clock, vm_args=spec.run_args, engine=spec.engine, engine_port=spec.metrics_port, **kw)
+    raise FleetError(f"unknown cloud {cloud!r}: aws, gcp or azure")
 
 
 class Periodic:
@@ -320,9 +358,13 @@ class CloudWorldProvider:
                  client_factory: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.time,
                  scrape: bool = True) -> None:
         self.spec, self.cloud, self.clock, self.scrape = spec, cloud, clock, scrape
-        self.client = client or client_factory  # aws: region -> EC2 client; gcp: an InstancesClient
+        self.client = client or client_factory  # aws: region -> EC2 client; gcp: an InstancesClient; azure: a pair
         if cloud == "gcp" and not spec.project:
             raise FleetError("the gcp world needs 'project' in the fleet file")
+        if cloud == "azure" and spec.azure is None:
+            raise FleetError("the azure world needs an 'azure' section in the fleet file")
+        if cloud == "azure" and self.client is None:
+            self.client = azure_clients(spec)  # one pair per process: credentials and connections are reused
         self.scrapers: dict[str, Scraper] = {}
         self.publishers: dict[str, Periodic] = {}
         self.gateways: dict[str, Periodic] = {}

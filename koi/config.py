@@ -32,9 +32,9 @@ class Settings(BaseSettings):
     tick_task_queue: str = "koi-ticks"
     plan_task_queue: str = "koi-planning"
     cluster_id: str = "koi-dev"
-    world: Literal["sim", "aws", "gcp"] = Field(default="sim", description="what `koi worker` runs the ticks "
-                                                "against: the simulated fleet, Amazon EC2 or Google Compute Engine "
-                                                "(then fleet_file)")
+    world: Literal["sim", "aws", "gcp", "azure"] = Field(default="sim", description="what `koi worker` runs the "
+                                                         "ticks against: the simulated fleet, Amazon EC2, Google "
+                                                         "Compute Engine or Azure VMs (then fleet_file)")
     fleet_file: Path | None = Field(default=None, description="a real world's fleet file (infra/cloud.py FleetSpec)")
     tick_interval_s: float = Field(default=300.0, gt=0, description="planning tick (Appendix B: ~300 s)")
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="`koi worker` serves Koi's metrics "

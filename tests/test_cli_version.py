@@ -16,3 +16,4 @@ def test_koi_version_names_the_components_an_operator_debugs_against():
     doc = json.loads(r.stdout)
     assert doc["koi"] and doc["temporalio"] == version("temporalio")
     assert doc["boto3"] == version("boto3") and doc["google-cloud-compute"] == version("google-cloud-compute")
+    assert doc["azure-mgmt-compute"] == version("azure-mgmt-compute")

@@ -190,6 +190,10 @@ def test_koi_worker_refuses_the_aws_world_without_a_usable_fleet_file(tmp_path):
     bad.write_text("pools: []\n")
     r = runner.invoke(app, ["worker", "--world", "aws", "--fleet", str(bad)])
     assert r.exit_code == 2 and "pools" in r.output and "Traceback" not in r.output
+    no_azure = tmp_path / "azure.yaml"
+    no_azure.write_text(FLEET_YAML)
+    r = runner.invoke(app, ["worker", "--world", "azure", "--fleet", str(no_azure)])
+    assert r.exit_code == 2 and "'azure' section" in r.output and "Traceback" not in r.output
 
 
 def test_the_pools_of_the_fleet_start_free():

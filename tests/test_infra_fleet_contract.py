@@ -1,5 +1,6 @@
-"""What every cloud executor must do, run on each (EC2 on moto's server, Compute Engine on its loopback fake).
-Cloud-specific behaviour (tags, labels, metadata, errors) stays in ``test_infra_aws.py`` / ``test_infra_gcp.py``."""
+"""What every cloud executor must do, run on each (EC2 on moto's server, Compute Engine and Azure on loopback fakes).
+Cloud-specific behaviour (tags, labels, metadata, errors) stays in ``test_infra_aws.py`` / ``test_infra_gcp.py`` /
+``test_infra_azure.py``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from koi.domain import DeploymentState, Rank
 from koi.ports import LaunchStatus
 from tests.fakes.jobs import chat_job
+from tests.test_infra_azure import arm  # noqa: F401 - the fake ARM fixture
 
 
 @dataclass
@@ -40,10 +42,21 @@ def gce() -> Iterator[tuple[Any, Any]]:
                                                  credentials=AnonymousCredentials())
 
 
-@pytest.fixture(params=["aws", "gcp"])
+@pytest.fixture(params=["aws", "gcp", "azure"])
 def cloud(request) -> Cloud:
     cluster = f"c-{uuid.uuid4().hex[:10]}"
     now = {"t": 1234.5}
+    if request.param == "azure":
+        from tests import test_infra_azure as z
+
+        server = request.getfixturevalue("arm")[0]
+        fleet = z.make_fleet(request.getfixturevalue("arm"), cluster, clock=lambda: now["t"])
+
+        def tag(k: str) -> list[str]:
+            return [v["tags"].get(k, "") for v in z.vms(server, cluster)]
+
+        return Cloud(fleet, z.big, z.small, lambda: tag("koi:replica"), lambda: set(tag("koi:route-weight")),
+                     lambda: z.free(fleet), now)
     if request.param == "aws":
         from infra.aws import Ec2Fleet
         from tests import test_infra_aws as t

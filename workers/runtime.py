@@ -9,8 +9,8 @@ from koi.pipeline.runtime import Runtime
 
 
 def build_runtime(settings: Settings | None = None, *, world: str = "sim", **kw: Any) -> Runtime:
-    """``world``: ``sim`` (the simulator, checkpointed in the store), ``aws`` / ``gcp`` (EC2 / Compute Engine and
-    the engines' vLLM metrics, :mod:`infra.cloud`; ``fleet``: the fleet file, default ``KOI_FLEET_FILE``) or
+    """``world``: ``sim`` (the simulator, checkpointed in the store), ``aws`` / ``gcp`` / ``azure`` (EC2 / Compute
+    Engine / Azure VMs and the engines' vLLM metrics, :mod:`infra.cloud`; ``fleet``: the fleet file, default ``KOI_FLEET_FILE``) or
     ``ledger`` (bookkeeping only)."""
     from koi.store import init_db, make_engine
 
@@ -19,7 +19,7 @@ def build_runtime(settings: Settings | None = None, *, world: str = "sim", **kw:
         from infra.sim import sim_world_provider
 
         provider = sim_world_provider(**kw.pop("world_options", {}))
-    elif world in ("aws", "gcp"):
+    elif world in ("aws", "gcp", "azure"):
         from infra.cloud import CloudWorldProvider, load_fleet
 
         fleet = kw.pop("fleet", None) or s.fleet_file
@@ -31,7 +31,7 @@ def build_runtime(settings: Settings | None = None, *, world: str = "sim", **kw:
 
         provider = ledger_provider(kw.pop("resources"))
     else:
-        raise ValueError(f"unknown world {world!r}: sim, aws, gcp or ledger")
+        raise ValueError(f"unknown world {world!r}: sim, aws, gcp, azure or ledger")
     engine = make_engine(s.resolved_database_url)  # after the world: a bad fleet file fails before the store is touched
     init_db(engine)
     kw.setdefault("interval_s", s.tick_interval_s)

@@ -45,7 +45,7 @@ def version(json_out: bool = typer.Option(False, "--json", help="print one JSON 
 
     info = {"koi": __version__}
     for pkg in ("temporalio", "aiconfigurator-core", "pydantic", "sqlmodel", "numpy", "scipy", "boto3",
-                "google-cloud-compute"):
+                "google-cloud-compute", "azure-mgmt-compute"):
         try:
             info[pkg] = pkg_version(pkg)
         except PackageNotFoundError:

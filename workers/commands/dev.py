@@ -16,10 +16,11 @@ JSON = typer.Option(False, "--json", help="print one JSON document")
 
 def worker(
     queue: list[str] = typer.Option(["ticks", "planning"], "--queue", "-q", help="task queues to serve: ticks, planning"),
-    world: str | None = typer.Option(None, help="sim (the simulator, checkpointed in the store), aws / gcp (EC2 / "
-                                                 "Compute Engine and the engines' vLLM metrics) or ledger; default "
+    world: str | None = typer.Option(None, help="sim (the simulator, checkpointed in the store), aws / gcp / azure (EC2 "
+                                                 "/ Compute Engine / Azure VMs and the engines' vLLM metrics) or "
+                                                 "ledger; default "
                                                  "KOI_WORLD (sim)"),
-    fleet: str | None = typer.Option(None, help="aws/gcp: the fleet file (pools, image, metrics port; docs/OPS.md); "
+    fleet: str | None = typer.Option(None, help="aws/gcp/azure: the fleet file (pools, image, metrics port; docs/OPS.md); "
                                                 "default KOI_FLEET_FILE"),
     launch_delay: float = typer.Option(0.0, help="sim: real seconds each launch takes (like a cloud API call)"),
     metrics_port: int | None = typer.Option(None, help="serve Koi's metrics for Prometheus on this port "
@@ -39,7 +40,7 @@ def worker(
     opts: dict = {"world_options": {"launch_delay_s": launch_delay}} if world == "sim" else {}
     if world == "ledger":
         fail("the ledger world needs a resource map; it is for tests (use --world sim)")
-    if world in ("aws", "gcp"):
+    if world in ("aws", "gcp", "azure"):
         opts["fleet"] = fleet
     try:
         rt = build_runtime(world=world, **opts)

@@ -1,0 +1,449 @@
+"""Microsoft Azure as a Koi fleet: the Executor port and the observer half a cloud can answer.
+
+The Azure twin of :mod:`infra.aws` and :mod:`infra.gcp` (the same contract, run by the same tests,
+``tests/test_infra_fleet_contract.py``) over ``azure-mgmt-compute`` (virtual machines) and ``azure-mgmt-network``
+(their NICs' private addresses), in one resource group. Nothing lives in memory between calls: every read rebuilds
+the fleet from ``virtual_machines.list(expand="instanceView")``, so a restarted worker sees what the last one left.
+
+Azure tags are EC2's kind (≤ 50 per resource, values ≤ 256 characters, ``:`` allowed), so a VM carries exactly
+:mod:`infra.aws`'s tags (``koi:cluster``, ``koi:job``, ``koi:rank``, ``koi:pool``, ``koi:env``, ``koi:key``, the
+rank's spec split over ``koi:rank-spec…``, the target replica count with its generation, the route weight, the
+drain records, ``koi:model``) plus ``koi:node`` (node 0 of a replica is its head, where vLLM serves). A VM's name
+(unique in the resource group) is ``koi-<cluster8>-<rank10>-<key6>-g<gen>-r<replica>-n<node>`` (hex hashes).
+
+Choices (Azure's API, not the spec, decides these):
+
+1. **One PUT per VM**, with the NIC inline (``networkInterfaceConfigurations``, ``deleteOption: Delete``) and the OS
+   disk deleted with the VM, so deleting a VM leaves nothing behind. A PUT retried after a lost answer updates the
+   VM the first one made (the name is derived from the key): idempotent like EC2's ClientToken. A launch is
+   DUPLICATE when a VM carries its key; a refused PUT (quota, capacity: ``OperationNotAllowed``,
+   ``SkuNotAvailable``, ``AllocationFailed``) deletes what the call had made and fails the launch with
+   ``Code: message``.
+2. **Spot pools** launch ``priority: Spot``, ``evictionPolicy: Delete``, ``maxPrice: -1`` (pay up to on-demand):
+   an eviction deletes the VM, which the next read sees as a broken replica for ``scale`` to repair. Reserved pools
+   launch as regular VMs (the reservation applies by itself).
+3. A VM is **up** while provisioning (``Creating``/``Updating``/``Succeeded``) and not stopped or deallocated,
+   **ready** once ``Succeeded`` and ``PowerState/running``, **leaving** while ``Deleting``; every VM listed holds
+   its place in the pool's budget.
+4. ``delete`` is sent without waiting for the long-running operation (the VM shows ``Deleting``); teardown and
+   reweight raise Azure's errors so the activity retries rather than leaking paid VMs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+
+from infra import drain
+from infra.aws import (
+    T_BASE,
+    T_CLUSTER,
+    T_DRAIN,
+    T_ENV,
+    T_GEN,
+    T_JOB,
+    T_KEY,
+    T_LAST_KEY,
+    T_LAUNCH_KEY,
+    T_MODEL,
+    T_NODES,
+    T_POOL,
+    T_RANK,
+    T_RDRAIN,
+    T_REPLICA,
+    T_REPLICAS,
+    T_REWEIGHT,
+    T_TEARDOWN,
+    T_WEIGHT,
+    rank_from_tags,
+    spec_tags,
+    tag_value,
+)
+from infra.engine import EngineError, EngineSpec, script_for
+from infra.replicas import ReplicaGroups
+from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from koi.logging import get_logger
+from koi.ports import LaunchResult, LaunchStatus
+
+#: Azure's HPC image for Ubuntu 22.04 (NVIDIA drivers, CUDA, InfiniBand), as an image reference.
+DEFAULT_IMAGE = {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204", "version": "latest"}
+T_NODE = "koi:node"
+UP_PROVISIONING = ("Creating", "Updating", "Succeeded")
+STOPPED = ("stopping", "stopped", "deallocating", "deallocated")
+_NO_ZONE = {"any", "*", ""}
+
+
+def _sha(v: str) -> str:
+    return hashlib.sha256(v.encode()).hexdigest()
+
+
+def vm_name(cluster_id: str, rank_id: str, key: str, gen: int, replica: int, node: int) -> str:
+    return f"koi-{_sha(cluster_id)[:8]}-{_sha(rank_id)[:10]}-{_sha(key)[:6]}-g{gen}-r{replica}-n{node}"
+
+
+def image_reference(image: str | Mapping[str, str]) -> dict[str, str]:
+    """An image id (``/subscriptions/...``), a URN (``publisher:offer:sku:version``) or a reference mapping."""
+    if isinstance(image, Mapping):
+        return dict(image)
+    if image.startswith("/"):
+        return {"id": image}
+    parts = image.split(":")
+    if len(parts) != 4:
+        raise ValueError(f"image {image!r}: an image id or a URN publisher:offer:sku:version")
+    return dict(zip(("publisher", "offer", "sku", "version"), parts, strict=True))
+
+
+def tags(vm: Mapping[str, Any]) -> dict[str, str]:
+    return dict(vm.get("tags") or {})
+
+
+def _state(vm: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(provisioning state, power state or None)."""
+    props = vm.get("properties") or {}
+    power = next((s["code"].split("/", 1)[1] for s in (props.get("instanceView") or {}).get("statuses") or []
+                  if str(s.get("code", "")).startswith("PowerState/")), None)
+    return str(props.get("provisioningState", "")), power
+
+
+def _up(vm: Mapping[str, Any]) -> bool:
+    prov, power = _state(vm)
+    return prov in UP_PROVISIONING and power not in STOPPED
+
+
+def _running(vm: Mapping[str, Any]) -> bool:
+    return _state(vm) == ("Succeeded", "running")
+
+
+def _leaving(vm: Mapping[str, Any]) -> bool:
+    return _state(vm)[0] == "Deleting"
+
+
+def azure_reason(e: HttpResponseError) -> str:
+    code = getattr(getattr(e, "error", None), "code", None) or getattr(e, "status_code", "")
+    msg = getattr(getattr(e, "error", None), "message", None) or e.message
+    return f"{code}: {msg}"
+
+
+class _Rank(ReplicaGroups[dict[str, Any]]):
+    """One rank as Azure lists it: its VMs (not on their way out) grouped by replica (:mod:`infra.replicas`)."""
+
+    def __init__(self, vms: list[dict[str, Any]]) -> None:
+        self.insts = vms
+        self.head = tags(max(vms, key=lambda v: (int(tags(v).get(T_GEN, "0")), _up(v))))
+        super().__init__(vms, nodes=int(self.head[T_NODES]), replica_of=lambda v: int(tags(v)[T_REPLICA]),
+                         up=_up, running=_running)
+
+
+class AzureFleet:
+    """Executor + Observer over Azure VMs for one Koi cluster in one resource group; ``pools`` bound it.
+
+    ``compute``/``network``: a ``ComputeManagementClient`` and a ``NetworkManagementClient``. ``subnet_id``: the
+    subnet the engines' NICs join; ``ssh_public_key``: the admin's key (password login is off). ``vm_args`` are
+    merged into every VM's ``properties`` (``securityProfile``, ``diagnosticsProfile``, ...; ``tags`` into its
+    tags, Koi's win). ``telemetry`` is empty (engine metrics come from :mod:`infra.vllm_metrics`)."""
+
+    def __init__(self, cluster_id: str, pools: ResourceMap, *, resource_group: str, subnet_id: str, compute: Any,
+                 network: Any, ssh_public_key: str, admin_username: str = "koi",
+                 image: str | Mapping[str, str] = DEFAULT_IMAGE, clock: Callable[[], float] = time.time,
+                 vm_args: Mapping[str, Any] | None = None, os_disk_gb: int = 256, engine: EngineSpec | None = None,
+                 engine_port: int = 8000) -> None:
+        self.cluster_id, self.pools, self.rg, self.subnet_id = cluster_id, pools, resource_group, subnet_id
+        self.compute, self.network = compute, network
+        self.ssh_public_key, self.admin_username = ssh_public_key, admin_username
+        self.image = image_reference(image)
+        self.vm_args = dict(vm_args or {})
+        self.os_disk_gb = os_disk_gb
+        self.engine, self.engine_port = engine, engine_port
+        self._clock = clock
+        self._log = get_logger(__name__, cluster=cluster_id)
+
+    # ---- Observer -------------------------------------------------------------------------------
+    def now(self) -> float:
+        return float(self._clock())
+
+    def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
+        return []
+
+    def capacity(self) -> ResourceMap:
+        used = Counter(tags(v).get(T_POOL) for v in self._list())
+        return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used[p.pool_id])})
+                                  for p in self.pools.pools])
+
+    def _ranks(self, listed: list[dict[str, Any]] | None = None) -> dict[str, _Rank]:
+        """The cluster's ranks (VMs not on their way out, nor draining after a scale-in), by rank id."""
+        by_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for v in self._list() if listed is None else listed:
+            if not _leaving(v) and T_RANK in (t := tags(v)) and T_RDRAIN not in t:
+                by_rank[t[T_RANK]].append(v)
+        return {rid: _Rank(vms) for rid, vms in sorted(by_rank.items())}
+
+    def deployments(self) -> list[Deployment]:
+        """Each rank; one handing over or draining is DRAINING (:mod:`infra.drain`)."""
+        out = []
+        for r in self._ranks().values():
+            d = r.deployment(r.head[T_JOB], rank_from_tags(r.head), r.head.get(T_LAUNCH_KEY, ""))
+            out.append(d.model_copy(update={"state": DeploymentState.DRAINING}) if T_DRAIN in r.head else d)
+        return out
+
+    def _hosts(self, r: _Rank) -> tuple[str, ...]:
+        """Each ready replica's head node (node 0, where vLLM serves) by its NIC's private address."""
+        hosts = []
+        for k in r.ready():
+            head = min(r.replicas[k], key=lambda v: int(tags(v).get(T_NODE, "0")))
+            nics = ((head.get("properties") or {}).get("networkProfile") or {}).get("networkInterfaces") or []
+            if not nics:
+                continue
+            parts = nics[0]["id"].split("/")
+            try:
+                nic = self.network.network_interfaces.get(parts[4], parts[-1]).as_dict()
+            except ResourceNotFoundError:  # deleted between the list and now
+                continue
+            ips = [c.get("properties", {}).get("privateIPAddress") for c in nic.get("properties", {}).get(
+                "ipConfigurations") or []]
+            if ip := next((i for i in ips if i), None):
+                hosts.append(str(ip))
+        return tuple(hosts)
+
+    def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
+        """(job id, rank id, env id, hosts) of every rank with a ready replica, draining ones included (the
+        engines to scrape)."""
+        return [(r.head[T_JOB], rid, rank_from_tags(r.head).env.env_id, hosts)
+                for rid, r in self._ranks().items() if (hosts := self._hosts(r))]
+
+    def routes(self) -> list[tuple[str, Rank, tuple[str, ...]]]:
+        """(job id, rank, hosts) of the ranks the gateway routes to: live and handing over, not draining."""
+        return [(r.head[T_JOB], rank_from_tags(r.head), hosts) for r in self._ranks().values()
+                if drain.routable(drain.Drain.decode(r.head.get(T_DRAIN))) and (hosts := self._hosts(r))]
+
+    def sweep(self) -> int:
+        """Move torn-down ranks on (:mod:`infra.drain`); returns how many drains started and ranks and replicas
+        were released (the gateway re-reads its routes when it is not 0)."""
+        listed = self._list()
+        ranks, now = self._ranks(listed), self.now()
+        start, done = drain.sweep(drain.views(ranks, T_JOB, T_DRAIN), now)
+        due = [v for v in listed if not _leaving(v) and T_RDRAIN in (t := tags(v)) and drain.replica_due(t[T_RDRAIN], now)]
+        replicas = {(tags(v).get(T_RANK), tags(v).get(T_REPLICA)) for v in due}
+        self._delete(due)
+        for rid, d in start.items():
+            self._tag(ranks[rid].insts, {T_DRAIN: d.encode()})
+        for rid in done:
+            self._delete(ranks[rid].insts)
+            self._log.info("azure.released", rank=rid, job=ranks[rid].head[T_JOB])
+        return len(start) + len(done) + len(replicas)
+
+    # ---- Executor -------------------------------------------------------------------------------
+    def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
+        rid, key = rank.rank_id(job.job_id), idempotency_key
+        log = self._log.bind(job=job.job_id, rank=rid, key=key)
+
+        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
+            if status is LaunchStatus.FAILED:
+                log.warning("azure.launch.failed", reason=reason)
+            return LaunchResult(job_id=job.job_id, rank_id=rid, idempotency_key=key, status=status,
+                                replicas_requested=rank.n_replicas, replicas_launched=launched, reason=reason)
+
+        pool = self.pools.pool_for(rank)
+        if pool is None:
+            return result(LaunchStatus.FAILED, reason=(f"no pool of cluster {self.cluster_id} for env "
+                                                       f"{rank.env.env_id} and instance type "
+                                                       f"{rank.config.instance_type}"))
+        try:
+            listed = self._list()
+            prior = [v for v in listed if tags(v).get(T_KEY) == tag_value(key)]
+            if prior:
+                return result(LaunchStatus.DUPLICATE, len({tags(v)[T_REPLICA] for v in prior}), "already applied")
+            if any(tags(v).get(T_RANK) == rid and not _leaving(v) for v in listed):
+                return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
+            need = self._nodes(rank, pool) * rank.n_replicas
+            if (free := self._free(pool, listed)) < need:
+                return result(LaunchStatus.FAILED, reason=(f"pool {pool.pool_id}: {rank.n_replicas} replica(s) need "
+                                                           f"{need} instance(s), {free} of {pool.total_instances} "
+                                                           "free"))
+            self._create(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
+                         target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
+        except HttpResponseError as e:
+            return result(LaunchStatus.FAILED, reason=azure_reason(e))
+        except EngineError as e:
+            return result(LaunchStatus.FAILED, reason=str(e))
+        log.info("azure.launch", pool=pool.pool_id, replicas=rank.n_replicas, instances=need)
+        return result(LaunchStatus.LAUNCHED, rank.n_replicas)
+
+    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
+              drain_s: float | None = None) -> LaunchResult:
+        """Remove the highest-index replicas (drained, :mod:`infra.drain`; remnants of broken ones at once) or
+        create missing ones."""
+        key, tv = idempotency_key, tag_value(idempotency_key)
+        log = self._log.bind(job=job_id, rank=rank_id, key=key)
+
+        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
+            if status is LaunchStatus.FAILED:
+                log.warning("azure.scale.failed", reason=reason)
+            return LaunchResult(job_id=job_id, rank_id=rank_id, idempotency_key=key, status=status,
+                                replicas_requested=n_replicas, replicas_launched=launched, reason=reason)
+
+        try:
+            listed = self._list()
+            seen = [v for v in listed if tags(v).get(T_RANK) == rank_id]
+            if any(tv in (tags(v).get(T_KEY), tags(v).get(T_LAST_KEY)) for v in seen):
+                return result(LaunchStatus.DUPLICATE, reason="already applied")
+            present = [v for v in seen if not _leaving(v) and tags(v).get(T_JOB) == job_id and T_RDRAIN not in tags(v)]
+            if not present:
+                return result(LaunchStatus.FAILED, reason=f"no such rank {rank_id}")
+            if n_replicas < 1:
+                return result(LaunchStatus.FAILED, reason="a rank keeps at least one replica; teardown releases it")
+            r = _Rank(present)
+            pool = next((p for p in self.pools.pools if p.pool_id == r.head[T_POOL]), None)
+            if pool is None:
+                return result(LaunchStatus.FAILED, reason=f"pool {r.head[T_POOL]} is not configured any more")
+            alive, wait = r.alive(), drain.scale_drain(drain_s)
+            retire = alive[n_replicas:]
+            drop = r.broken() + ([] if wait else retire)
+            add = max(0, n_replicas - len(alive))
+            if add and (free := self._free(pool, listed)) < add * r.nodes:
+                return result(LaunchStatus.FAILED, reason=(f"pool {pool.pool_id}: {add} more replica(s) need "
+                                                           f"{add * r.nodes} instance(s), {free} of "
+                                                           f"{pool.total_instances} free"))
+            killed = [v for x in drop for v in r.replicas[x]]
+            draining = [v for x in retire for v in r.replicas[x]] if wait else []
+            gen = int(r.head.get(T_GEN, "0")) + 1
+            self._delete(killed)
+            self._tag(draining, {T_RDRAIN: repr(self.now() + wait), T_LAST_KEY: tv})
+            if add:
+                self._create(pool, job_id, rank_id, rank_from_tags(r.head), key=key, launch_key=r.head[T_LAUNCH_KEY],
+                             base=max(r.replicas) + 1, count=add, target=n_replicas, gen=gen,
+                             weight=float(r.head[T_WEIGHT]) if T_WEIGHT in r.head else None, last_key=tv,
+                             model=r.head.get(T_MODEL))
+            gone = {v["name"] for v in killed + draining}
+            self._tag([v for v in present if v["name"] not in gone],
+                      {T_REPLICAS: str(n_replicas), T_GEN: str(gen), T_LAST_KEY: tv})
+        except HttpResponseError as e:
+            return result(LaunchStatus.FAILED, reason=azure_reason(e))
+        except EngineError as e:
+            return result(LaunchStatus.FAILED, reason=str(e))
+        log.info("azure.scale", replicas=n_replicas, added=add, removed=len(drop) + len(retire) * bool(wait),
+                 drain_s=wait)
+        return result(LaunchStatus.LAUNCHED, n_replicas)
+
+    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
+                 handover: bool = False) -> bool:
+        """Hand over and drain the rank (:mod:`infra.drain`), or delete it at once when ``drain_s`` is 0 without a
+        handover; Azure's errors raise, so the activity retries rather than leaking paid VMs."""
+        tv = tag_value(idempotency_key)
+        listed = self._list()
+        seen = [v for v in listed if tags(v).get(T_RANK) == rank_id]
+        if any(tags(v).get(T_TEARDOWN) == tv for v in seen):
+            return False
+        mine = [v for v in seen if not _leaving(v) and tags(v).get(T_JOB) == job_id]
+        mark = {T_TEARDOWN: tv}
+        deferred = bool(mine) and (handover or drain_s > 0)
+        if deferred:
+            ranks = self._ranks(listed)
+            if rank_id not in ranks or T_DRAIN in ranks[rank_id].head:
+                return False
+            d = drain.begin(rank_id, drain.views(ranks, T_JOB, T_DRAIN), self.now(), drain_s, handover)
+            mark[T_DRAIN] = d.encode()
+            deferred = drain.phase(d, self.now()) != "done"
+        if mine:
+            self._tag(mine, mark)
+            if not deferred:
+                self._delete(mine)
+            self._log.info("azure.teardown", job=job_id, rank=rank_id, key=idempotency_key, instances=len(mine),
+                           drain_s=drain_s, handover=handover)
+        return bool(mine)
+
+    def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
+        tv = tag_value(idempotency_key)
+        mine = [v for v in self._list() if tags(v).get(T_RANK) == rank_id and tags(v).get(T_JOB) == job_id and _up(v)]
+        if not any(_running(v) for v in mine) or any(tags(v).get(T_REWEIGHT) == tv for v in mine):
+            return False
+        self._tag(mine, {T_WEIGHT: repr(float(route_weight)), T_REWEIGHT: tv})
+        self._log.info("azure.reweight", job=job_id, rank=rank_id, route_weight=route_weight)
+        return True
+
+    # ---- Azure ----------------------------------------------------------------------------------
+    def _list(self) -> list[dict[str, Any]]:
+        """The cluster's VMs in the resource group, as ARM JSON (any state)."""
+        vms = (vm.as_dict() for vm in self.compute.virtual_machines.list(self.rg, expand="instanceView"))
+        return [v for v in vms if tags(v).get(T_CLUSTER) == self.cluster_id]
+
+    def _free(self, pool: Pool, listed: list[dict[str, Any]]) -> int:
+        return max(0, pool.total_instances - sum(tags(v).get(T_POOL) == pool.pool_id for v in listed))
+
+    def _tag(self, vms: list[dict[str, Any]], updates: Mapping[str, str]) -> None:
+        """Merge ``updates`` into each VM's tags (ARM's PATCH replaces the whole set)."""
+        for v in vms:
+            self.compute.virtual_machines.begin_update(self.rg, v["name"], {"tags": {**tags(v), **updates}}).result()
+
+    def _delete(self, vms: list[dict[str, Any]]) -> None:
+        """Delete without waiting (each shows Deleting until gone); one already gone is fine."""
+        for v in vms:
+            try:
+                self.compute.virtual_machines.begin_delete(self.rg, v["name"])
+            except ResourceNotFoundError:
+                continue
+
+    def _create(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
+                count: int, target: int, gen: int, weight: float | None, last_key: str | None = None,
+                model: str | None = None) -> None:
+        """Create ``count`` replicas of ``nodes`` VMs; on any refusal delete what this call made, raise. With an
+        engine spec, the custom data starts vLLM as the rank asks (:mod:`infra.engine`)."""
+        nodes = self._nodes(rank, pool)
+        script = script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, nodes)
+        extra = dict(self.vm_args)
+        base_tags = {**dict(extra.pop("tags", None) or {}), T_CLUSTER: self.cluster_id, T_JOB: job_id, T_RANK: rid,
+                     T_POOL: pool.pool_id, T_ENV: rank.env.env_id[:256], T_KEY: tag_value(key),
+                     T_LAUNCH_KEY: tag_value(launch_key), T_BASE: str(base), T_NODES: str(nodes),
+                     T_REPLICAS: str(target), T_GEN: str(gen), **spec_tags(rank)}
+        for k, v in ((T_WEIGHT, None if weight is None else repr(float(weight))), (T_LAST_KEY, last_key),
+                     (T_MODEL, model)):
+            if v is not None:
+                base_tags[k] = v
+        made: list[dict[str, Any]] = []
+        try:
+            for replica in range(base, base + count):
+                for node in range(nodes):
+                    name = vm_name(self.cluster_id, rid, key, gen, replica, node)
+                    body = self._vm_body(pool, name, {**base_tags, T_REPLICA: str(replica), T_NODE: str(node)},
+                                         extra, script)
+                    self.compute.virtual_machines.begin_create_or_update(self.rg, name, body).result()
+                    made.append({"name": name})
+        except HttpResponseError:
+            self._delete(made)
+            self._log.warning("azure.create.rolled_back", rank=rid, key=key, deleted=len(made))
+            raise
+
+    def _vm_body(self, pool: Pool, name: str, vm_tags: dict[str, str], extra: dict[str, Any],
+                 script: str | None) -> dict[str, Any]:
+        os_profile: dict[str, Any] = {
+            "computerName": name, "adminUsername": self.admin_username,
+            "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [{
+                "path": f"/home/{self.admin_username}/.ssh/authorized_keys", "keyData": self.ssh_public_key}]}}}
+        if script is not None:
+            os_profile["customData"] = base64.b64encode(script.encode()).decode()
+        props: dict[str, Any] = {
+            "hardwareProfile": {"vmSize": pool.instance_type},
+            "storageProfile": {"imageReference": self.image, "osDisk": {
+                "createOption": "FromImage", "deleteOption": "Delete", "diskSizeGB": self.os_disk_gb}},
+            "osProfile": os_profile,
+            "networkProfile": {"networkApiVersion": "2020-11-01", "networkInterfaceConfigurations": [{
+                "name": f"{name}-nic", "properties": {"primary": True, "deleteOption": "Delete", "ipConfigurations": [
+                    {"name": "ipconfig1", "properties": {"subnet": {"id": self.subnet_id}}}]}}]},
+            **extra,
+        }
+        if pool.env.market is Market.SPOT:
+            props.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
+        body: dict[str, Any] = {"location": pool.env.region, "tags": vm_tags, "properties": props}
+        if pool.env.zone not in _NO_ZONE:
+            body["zones"] = [pool.env.zone]
+        return body
+
+    @staticmethod
+    def _nodes(rank: Rank, pool: Pool) -> int:
+        return math.ceil(rank.config.gpus / pool.gpus_per_instance)
