@@ -243,3 +243,35 @@ def test_ticks_launch_on_azure_through_the_same_provider_and_a_restarted_worker_
     assert all(r.outcome is TickOutcome.COMMITTED and r.deploy.launched == 0 for r in again)
     assert sorted(d.job_id for d in again[-1].deployments) == ["job-0", "job-1"]
     assert len(vms(server, cluster)) == 2
+
+
+def test_the_shipped_role_allows_every_call_the_fleet_makes(arm, cluster):
+    """infra/azure-role.json against the ARM requests a whole lifecycle sends (recorded by the fake): a new call
+    in the code without the role following fails here."""
+    import json
+    from pathlib import Path
+
+    server = arm[0]
+    now = {"t": 1234.5}
+    fleet = make_fleet(arm, cluster, clock=lambda: now["t"])
+    start = len(server.requests)
+    s = small(1)
+    fleet.launch(chat_job(), s, "k-l")
+    rid = s.rank_id("job-1")
+    fleet.scale("job-1", rid, 2, "k-up")
+    fleet.scale("job-1", rid, 1, "k-down", drain_s=30.0)
+    fleet.reweight("job-1", rid, 2.0, "k-w")
+    fleet.capacity(), fleet.deployments(), fleet.engine_hosts(), fleet.routes()
+    fleet.teardown("job-1", rid, "k-td", drain_s=30.0, handover=True)
+    now["t"] += 2000.0
+    fleet.sweep(), fleet.sweep()
+    verbs = {"GET": "read", "PUT": "write", "PATCH": "write", "DELETE": "delete"}
+    needed = set()
+    for method, path in server.requests[start:]:
+        provider = path.split("/providers/", 1)[1]
+        namespace, kind = provider.split("/")[:2]
+        needed.add(f"{namespace}/{kind}/{verbs[method]}")
+    assert {"Microsoft.Compute/virtualMachines/write", "Microsoft.Compute/virtualMachines/delete",
+            "Microsoft.Network/networkInterfaces/read"} <= needed
+    role = json.loads((Path(__file__).resolve().parents[1] / "infra/azure-role.json").read_text())
+    assert needed <= set(role["Actions"]), needed - set(role["Actions"])
