@@ -46,8 +46,8 @@ from botocore.exceptions import ClientError
 
 from infra import drain
 from infra.engine import EngineError, EngineSpec, script_for
-from infra.replicas import ReplicaGroups
-from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from infra.replicas import RankReads, ReplicaGroups, scale_plan
+from koi.domain import Job, Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
 
@@ -131,13 +131,15 @@ class _Rank(ReplicaGroups[dict[str, Any]]):
                          up=lambda i: _state(i) in UP, running=lambda i: _state(i) == "running")
 
 
-class Ec2Fleet:
+class Ec2Fleet(RankReads):
     """Executor + Observer over EC2 for one Koi cluster; ``pools`` bound what it may use.
 
     ``telemetry`` is empty: EC2 knows instances, not requests; engine metrics come from the
     vLLM observer (``infra.vllm_metrics``). ``run_args`` are passed to every ``run_instances``
     (SubnetId, SecurityGroupIds, IamInstanceProfile, UserData that starts the engine, ...).
     """
+
+    CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "aws", T_JOB, T_LAUNCH_KEY, T_DRAIN
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, client_factory: Callable[[str], Any] | None = None,
                  image_id: str = DEFAULT_IMAGE, clock: Callable[[], float] = time.time,
@@ -155,16 +157,8 @@ class Ec2Fleet:
         self._log = get_logger(__name__, cluster=cluster_id)
 
     # ---- Observer -------------------------------------------------------------------------------
-    def now(self) -> float:
-        return float(self._clock())
-
-    def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
-        return []
-
     def capacity(self) -> ResourceMap:
-        used = Counter(_tags(i).get(T_POOL) for i in self._describe_all({}, OCCUPYING))
-        return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used[p.pool_id])})
-                                  for p in self.pools.pools])
+        return self._capacity(Counter(_tags(i).get(T_POOL) for i in self._describe_all({}, OCCUPYING)))
 
     def _present(self) -> list[dict[str, Any]]:
         """The cluster's instances not on their way out, each with its region."""
@@ -180,13 +174,9 @@ class Ec2Fleet:
                 by_rank[t[T_RANK]].append(i)
         return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
 
-    def deployments(self) -> list[Deployment]:
-        """Each rank; one handing over or draining is DRAINING (:mod:`infra.drain`)."""
-        out = []
-        for r in self._ranks().values():
-            d = r.deployment(r.head[T_JOB], rank_from_tags(r.head), r.head.get(T_LAUNCH_KEY, ""))
-            out.append(d.model_copy(update={"state": DeploymentState.DRAINING}) if T_DRAIN in r.head else d)
-        return out
+    @staticmethod
+    def _rank_of(head: Mapping[str, str]) -> Rank:
+        return rank_from_tags(head)
 
     @staticmethod
     def _hosts(r: _Rank) -> tuple[str, ...]:
@@ -198,17 +188,6 @@ class Ec2Fleet:
             if addr := head.get("PrivateIpAddress") or head.get("PublicIpAddress"):
                 hosts.append(str(addr))
         return tuple(hosts)
-
-    def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
-        """(job id, rank id, env id, hosts) of every rank with a ready replica, draining ones included (the
-        engines to scrape)."""
-        return [(r.head[T_JOB], rid, rank_from_tags(r.head).env.env_id, hosts)
-                for rid, r in self._ranks().items() if (hosts := self._hosts(r))]
-
-    def routes(self) -> list[tuple[str, Rank, tuple[str, ...]]]:
-        """(job id, rank, hosts) of the ranks the gateway routes to: live and handing over, not draining."""
-        return [(r.head[T_JOB], rank_from_tags(r.head), hosts) for r in self._ranks().values()
-                if drain.routable(drain.Drain.decode(r.head.get(T_DRAIN))) and (hosts := self._hosts(r))]
 
     def sweep(self) -> int:
         """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
@@ -247,18 +226,10 @@ class Ec2Fleet:
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
         rid, key = rank.rank_id(job.job_id), idempotency_key
-        log = self._log.bind(job=job.job_id, rank=rid, key=key)
-
-        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
-            return LaunchResult(job_id=job.job_id, rank_id=rid, idempotency_key=key, status=status,
-                                replicas_requested=rank.n_replicas, replicas_launched=launched, reason=reason)
-
+        result = self._answer("launch", job.job_id, rid, key, rank.n_replicas)
         pool = self.pools.pool_for(rank)
         if pool is None:
-            reason = (f"no pool of cluster {self.cluster_id} for env {rank.env.env_id} "
-                      f"and instance type {rank.config.instance_type}")
-            log.warning("aws.launch.failed", reason=reason)
-            return result(LaunchStatus.FAILED, reason=reason)
+            return result(LaunchStatus.FAILED, reason=self._no_pool(rank))
         region = pool.env.region
         if region in _NO_ZONE:
             return result(LaunchStatus.FAILED, reason=f"pool {pool.pool_id} names no region to launch in")
@@ -270,29 +241,21 @@ class Ec2Fleet:
             if self._describe(region, {T_RANK: rid}, PRESENT):
                 return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
             need = self._nodes(rank, pool) * rank.n_replicas
-            reason = self._short(pool, need, f"{rank.n_replicas} replica(s)")
-            if reason:
-                log.warning("aws.launch.failed", reason=reason)
+            if reason := self._shortfall(pool, need, self._free(pool), f"{rank.n_replicas} replica(s)"):
                 return result(LaunchStatus.FAILED, reason=reason)
             self._run(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
                       target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
         except (ClientError, EngineError) as e:
-            reason = _aws_reason(e) if isinstance(e, ClientError) else str(e)
-            log.warning("aws.launch.failed", reason=reason)
-            return result(LaunchStatus.FAILED, reason=reason)
-        log.info("aws.launch", pool=pool.pool_id, replicas=rank.n_replicas, instances=need)
+            return result(LaunchStatus.FAILED, reason=_aws_reason(e) if isinstance(e, ClientError) else str(e))
+        self._log.info("aws.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id, replicas=rank.n_replicas,
+                       instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
 
     def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
               drain_s: float | None = None) -> LaunchResult:
         """Remove the highest-index replicas (and remnants of broken ones) or launch missing ones."""
         key, tv = idempotency_key, tag_value(idempotency_key)
-        log = self._log.bind(job=job_id, rank=rank_id, key=key)
-
-        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
-            return LaunchResult(job_id=job_id, rank_id=rank_id, idempotency_key=key, status=status,
-                                replicas_requested=n_replicas, replicas_launched=launched, reason=reason)
-
+        result = self._answer("scale", job_id, rank_id, key, n_replicas)
         try:
             seen = self._describe_all({T_RANK: rank_id}, None)
             if any(tv in (t.get(T_KEY), t.get(T_LAST_KEY)) for t in map(_tags, seen)):
@@ -307,14 +270,9 @@ class Ec2Fleet:
             pool = self._pool(r.head[T_POOL])
             if pool is None:
                 return result(LaunchStatus.FAILED, reason=f"pool {r.head[T_POOL]} is not configured any more")
-            alive = r.alive()
-            wait = drain.scale_drain(drain_s)
-            retire = alive[n_replicas:]  # drained (infra.drain); a broken replica's remnants go at once
-            drop = r.broken() + ([] if wait else retire)
-            add = max(0, n_replicas - len(alive))
-            reason = self._short(pool, add * r.nodes, f"{add} more replica(s)") if add else None
-            if reason:
-                log.warning("aws.scale.failed", reason=reason)
+            plan = scale_plan(r, n_replicas, drain_s)  # the retired drain (infra.drain); broken remnants go at once
+            retire, drop, add, wait = plan.retire, plan.drop, plan.add, plan.wait
+            if add and (reason := self._shortfall(pool, add * r.nodes, self._free(pool), f"{add} more replica(s)")):
                 return result(LaunchStatus.FAILED, reason=reason)
             killed = {i["InstanceId"] for x in drop for i in r.replicas[x]}
             draining = sorted(i["InstanceId"] for x in retire for i in r.replicas[x]) if wait else []
@@ -334,11 +292,9 @@ class Ec2Fleet:
                 self._client(pool.env.region).create_tags(Resources=keep, Tags=_tag_list(
                     {T_REPLICAS: str(n_replicas), T_GEN: str(gen), T_LAST_KEY: tv}))
         except (ClientError, EngineError) as e:
-            reason = _aws_reason(e) if isinstance(e, ClientError) else str(e)
-            log.warning("aws.scale.failed", reason=reason)
-            return result(LaunchStatus.FAILED, reason=reason)
-        log.info("aws.scale", replicas=n_replicas, added=add, removed=len(drop) + len(retire) * bool(wait),
-                 drain_s=wait)
+            return result(LaunchStatus.FAILED, reason=_aws_reason(e) if isinstance(e, ClientError) else str(e))
+        self._log.info("aws.scale", job=job_id, rank=rank_id, key=key, replicas=n_replicas, added=add,
+                       removed=len(drop) + len(retire) * bool(wait), drain_s=wait)
         return result(LaunchStatus.LAUNCHED, n_replicas)
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
@@ -353,11 +309,12 @@ class Ec2Fleet:
         deferred = handover or drain_s > 0
         if deferred:
             ranks = self._ranks()
-            if rank_id not in ranks or ranks[rank_id].head[T_JOB] != job_id or T_DRAIN in ranks[rank_id].head:
+            if rank_id in ranks and ranks[rank_id].head[T_JOB] != job_id:
                 return False
-            d = drain.begin(rank_id, drain.views(ranks, T_JOB, T_DRAIN), self.now(), drain_s, handover)
-            mark[T_DRAIN] = d.encode()
-            deferred = drain.phase(d, self.now()) != "done"
+            record, deferred = self._drain_mark(ranks, rank_id, self.now(), drain_s, handover)
+            if record is None:
+                return False
+            mark.update(record)
         gone = 0
         for region, insts in seen.items():
             ids = [i["InstanceId"] for i in insts if _state(i) in PRESENT and _tags(i).get(T_JOB) == job_id]
@@ -414,13 +371,6 @@ class Ec2Fleet:
 
     def _describe_all(self, tags: Mapping[str, str], states: Iterable[str] | None) -> list[dict[str, Any]]:
         return [i for insts in self._describe_by_region(tags, states).values() for i in insts]
-
-    def _short(self, pool: Pool, need: int, what: str) -> str | None:
-        """Why ``need`` more instances do not fit in the pool's budget, or None when they do."""
-        free = self._free(pool)
-        if free >= need:
-            return None
-        return f"pool {pool.pool_id}: {what} need {need} instance(s), {free} of {pool.total_instances} free"
 
     def _free(self, pool: Pool) -> int:
         used = len(self._describe(pool.env.region, {T_POOL: pool.pool_id}, OCCUPYING))

@@ -67,8 +67,8 @@ from infra.aws import (
     tag_value,
 )
 from infra.engine import EngineError, EngineSpec, script_for
-from infra.replicas import ReplicaGroups
-from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from infra.replicas import RankReads, ReplicaGroups, scale_plan
+from koi.domain import Job, Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
 
@@ -141,13 +141,15 @@ class _Rank(ReplicaGroups[dict[str, Any]]):
                          up=_up, running=_running)
 
 
-class AzureFleet:
+class AzureFleet(RankReads):
     """Executor + Observer over Azure VMs for one Koi cluster in one resource group; ``pools`` bound it.
 
     ``compute``/``network``: a ``ComputeManagementClient`` and a ``NetworkManagementClient``. ``subnet_id``: the
     subnet the engines' NICs join; ``ssh_public_key``: the admin's key (password login is off). ``vm_args`` are
     merged into every VM's ``properties`` (``securityProfile``, ``diagnosticsProfile``, ...; ``tags`` into its
     tags, Koi's win). ``telemetry`` is empty (engine metrics come from :mod:`infra.vllm_metrics`)."""
+
+    CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "azure", T_JOB, T_LAUNCH_KEY, T_DRAIN
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, resource_group: str, subnet_id: str, compute: Any,
                  network: Any, ssh_public_key: str, admin_username: str = "koi",
@@ -165,16 +167,8 @@ class AzureFleet:
         self._log = get_logger(__name__, cluster=cluster_id)
 
     # ---- Observer -------------------------------------------------------------------------------
-    def now(self) -> float:
-        return float(self._clock())
-
-    def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
-        return []
-
     def capacity(self) -> ResourceMap:
-        used = Counter(tags(v).get(T_POOL) for v in self._list())
-        return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used[p.pool_id])})
-                                  for p in self.pools.pools])
+        return self._capacity(Counter(tags(v).get(T_POOL) for v in self._list()))
 
     def _ranks(self, listed: list[dict[str, Any]] | None = None) -> dict[str, _Rank]:
         """The cluster's ranks (VMs not on their way out, nor draining after a scale-in), by rank id."""
@@ -184,13 +178,9 @@ class AzureFleet:
                 by_rank[t[T_RANK]].append(v)
         return {rid: _Rank(vms) for rid, vms in sorted(by_rank.items())}
 
-    def deployments(self) -> list[Deployment]:
-        """Each rank; one handing over or draining is DRAINING (:mod:`infra.drain`)."""
-        out = []
-        for r in self._ranks().values():
-            d = r.deployment(r.head[T_JOB], rank_from_tags(r.head), r.head.get(T_LAUNCH_KEY, ""))
-            out.append(d.model_copy(update={"state": DeploymentState.DRAINING}) if T_DRAIN in r.head else d)
-        return out
+    @staticmethod
+    def _rank_of(head: Mapping[str, str]) -> Rank:
+        return rank_from_tags(head)
 
     def _hosts(self, r: _Rank) -> tuple[str, ...]:
         """Each ready replica's head node (node 0, where vLLM serves) by its NIC's private address."""
@@ -211,17 +201,6 @@ class AzureFleet:
                 hosts.append(str(ip))
         return tuple(hosts)
 
-    def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
-        """(job id, rank id, env id, hosts) of every rank with a ready replica, draining ones included (the
-        engines to scrape)."""
-        return [(r.head[T_JOB], rid, rank_from_tags(r.head).env.env_id, hosts)
-                for rid, r in self._ranks().items() if (hosts := self._hosts(r))]
-
-    def routes(self) -> list[tuple[str, Rank, tuple[str, ...]]]:
-        """(job id, rank, hosts) of the ranks the gateway routes to: live and handing over, not draining."""
-        return [(r.head[T_JOB], rank_from_tags(r.head), hosts) for r in self._ranks().values()
-                if drain.routable(drain.Drain.decode(r.head.get(T_DRAIN))) and (hosts := self._hosts(r))]
-
     def sweep(self) -> int:
         """Move torn-down ranks on (:mod:`infra.drain`); returns how many drains started and ranks and replicas
         were released (the gateway re-reads its routes when it is not 0)."""
@@ -241,19 +220,10 @@ class AzureFleet:
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
         rid, key = rank.rank_id(job.job_id), idempotency_key
-        log = self._log.bind(job=job.job_id, rank=rid, key=key)
-
-        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
-            if status is LaunchStatus.FAILED:
-                log.warning("azure.launch.failed", reason=reason)
-            return LaunchResult(job_id=job.job_id, rank_id=rid, idempotency_key=key, status=status,
-                                replicas_requested=rank.n_replicas, replicas_launched=launched, reason=reason)
-
+        result = self._answer("launch", job.job_id, rid, key, rank.n_replicas)
         pool = self.pools.pool_for(rank)
         if pool is None:
-            return result(LaunchStatus.FAILED, reason=(f"no pool of cluster {self.cluster_id} for env "
-                                                       f"{rank.env.env_id} and instance type "
-                                                       f"{rank.config.instance_type}"))
+            return result(LaunchStatus.FAILED, reason=self._no_pool(rank))
         try:
             listed = self._list()
             prior = [v for v in listed if tags(v).get(T_KEY) == tag_value(key)]
@@ -262,17 +232,16 @@ class AzureFleet:
             if any(tags(v).get(T_RANK) == rid and not _leaving(v) for v in listed):
                 return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
             need = self._nodes(rank, pool) * rank.n_replicas
-            if (free := self._free(pool, listed)) < need:
-                return result(LaunchStatus.FAILED, reason=(f"pool {pool.pool_id}: {rank.n_replicas} replica(s) need "
-                                                           f"{need} instance(s), {free} of {pool.total_instances} "
-                                                           "free"))
+            if reason := self._shortfall(pool, need, self._free(pool, listed), f"{rank.n_replicas} replica(s)"):
+                return result(LaunchStatus.FAILED, reason=reason)
             self._create(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
                          target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
         except HttpResponseError as e:
             return result(LaunchStatus.FAILED, reason=azure_reason(e))
         except EngineError as e:
             return result(LaunchStatus.FAILED, reason=str(e))
-        log.info("azure.launch", pool=pool.pool_id, replicas=rank.n_replicas, instances=need)
+        self._log.info("azure.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id, replicas=rank.n_replicas,
+                       instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
 
     def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
@@ -280,14 +249,7 @@ class AzureFleet:
         """Remove the highest-index replicas (drained, :mod:`infra.drain`; remnants of broken ones at once) or
         create missing ones."""
         key, tv = idempotency_key, tag_value(idempotency_key)
-        log = self._log.bind(job=job_id, rank=rank_id, key=key)
-
-        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
-            if status is LaunchStatus.FAILED:
-                log.warning("azure.scale.failed", reason=reason)
-            return LaunchResult(job_id=job_id, rank_id=rank_id, idempotency_key=key, status=status,
-                                replicas_requested=n_replicas, replicas_launched=launched, reason=reason)
-
+        result = self._answer("scale", job_id, rank_id, key, n_replicas)
         try:
             listed = self._list()
             seen = [v for v in listed if tags(v).get(T_RANK) == rank_id]
@@ -302,14 +264,11 @@ class AzureFleet:
             pool = next((p for p in self.pools.pools if p.pool_id == r.head[T_POOL]), None)
             if pool is None:
                 return result(LaunchStatus.FAILED, reason=f"pool {r.head[T_POOL]} is not configured any more")
-            alive, wait = r.alive(), drain.scale_drain(drain_s)
-            retire = alive[n_replicas:]
-            drop = r.broken() + ([] if wait else retire)
-            add = max(0, n_replicas - len(alive))
-            if add and (free := self._free(pool, listed)) < add * r.nodes:
-                return result(LaunchStatus.FAILED, reason=(f"pool {pool.pool_id}: {add} more replica(s) need "
-                                                           f"{add * r.nodes} instance(s), {free} of "
-                                                           f"{pool.total_instances} free"))
+            plan = scale_plan(r, n_replicas, drain_s)  # the retired drain (infra.drain); broken remnants go at once
+            retire, drop, add, wait = plan.retire, plan.drop, plan.add, plan.wait
+            if add and (reason := self._shortfall(pool, add * r.nodes, self._free(pool, listed),
+                                                  f"{add} more replica(s)")):
+                return result(LaunchStatus.FAILED, reason=reason)
             killed = [v for x in drop for v in r.replicas[x]]
             draining = [v for x in retire for v in r.replicas[x]] if wait else []
             gen = int(r.head.get(T_GEN, "0")) + 1
@@ -327,8 +286,8 @@ class AzureFleet:
             return result(LaunchStatus.FAILED, reason=azure_reason(e))
         except EngineError as e:
             return result(LaunchStatus.FAILED, reason=str(e))
-        log.info("azure.scale", replicas=n_replicas, added=add, removed=len(drop) + len(retire) * bool(wait),
-                 drain_s=wait)
+        self._log.info("azure.scale", job=job_id, rank=rank_id, key=key, replicas=n_replicas, added=add,
+                       removed=len(drop) + len(retire) * bool(wait), drain_s=wait)
         return result(LaunchStatus.LAUNCHED, n_replicas)
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
@@ -344,12 +303,10 @@ class AzureFleet:
         mark = {T_TEARDOWN: tv}
         deferred = bool(mine) and (handover or drain_s > 0)
         if deferred:
-            ranks = self._ranks(listed)
-            if rank_id not in ranks or T_DRAIN in ranks[rank_id].head:
+            record, deferred = self._drain_mark(self._ranks(listed), rank_id, self.now(), drain_s, handover)
+            if record is None:
                 return False
-            d = drain.begin(rank_id, drain.views(ranks, T_JOB, T_DRAIN), self.now(), drain_s, handover)
-            mark[T_DRAIN] = d.encode()
-            deferred = drain.phase(d, self.now()) != "done"
+            mark.update(record)
         if mine:
             self._tag(mine, mark)
             if not deferred:

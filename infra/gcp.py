@@ -74,8 +74,8 @@ from google.cloud import compute_v1
 
 from infra import drain
 from infra.engine import EngineError, EngineSpec, script_for
-from infra.replicas import ReplicaGroups
-from koi.domain import Deployment, DeploymentState, Job, Market, Pool, Rank, ResourceMap, TelemetryWindow
+from infra.replicas import RankReads, ReplicaGroups, scale_plan
+from koi.domain import Job, Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
 
@@ -160,7 +160,7 @@ class _Rank(ReplicaGroups[compute_v1.Instance]):
                          up=lambda i: i.status in UP, running=lambda i: i.status == "RUNNING")
 
 
-class GceFleet:
+class GceFleet(RankReads):
     """Executor + Observer over Compute Engine for one Koi cluster in one project; ``pools`` bound it.
 
     ``telemetry`` is empty (engine metrics come from ``infra.vllm_metrics``). ``insert_args`` are
@@ -169,6 +169,8 @@ class GceFleet:
     their ``metadata`` (a mapping, e.g. ``{"startup-script": ...}``) and ``labels`` are merged with
     koi's own (koi's win). Without ``client``, an ``InstancesClient`` with the default credentials.
     """
+
+    CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "gcp", M_JOB, M_LAUNCH_KEY, M_DRAIN
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, project: str,
                  client: compute_v1.InstancesClient | None = None, image: str = DEFAULT_IMAGE,
@@ -194,16 +196,8 @@ class GceFleet:
         return self._client_obj
 
     # ---- Observer -------------------------------------------------------------------------------
-    def now(self) -> float:
-        return float(self._clock())
-
-    def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
-        return []
-
     def capacity(self) -> ResourceMap:
-        used = Counter(metadata(i).get(M_POOL) for i in self._list_all({}) if i.status in OCCUPYING)
-        return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used[p.pool_id])})
-                                  for p in self.pools.pools])
+        return self._capacity(Counter(metadata(i).get(M_POOL) for i in self._list_all({}) if i.status in OCCUPYING))
 
     def _ranks(self, listed: list[compute_v1.Instance] | None = None) -> dict[str, _Rank]:
         """The cluster's ranks (instances not on their way out, nor draining after a scale-in), by rank id."""
@@ -213,13 +207,9 @@ class GceFleet:
                 by_rank[md[M_RANK]].append(i)
         return {rid: _Rank(insts) for rid, insts in sorted(by_rank.items())}
 
-    def deployments(self) -> list[Deployment]:
-        """Each rank; one handing over or draining is DRAINING (:mod:`infra.drain`)."""
-        out = []
-        for r in self._ranks().values():
-            d = r.deployment(r.head[M_JOB], rank_from_metadata(r.head), r.head.get(M_LAUNCH_KEY, ""))
-            out.append(d.model_copy(update={"state": DeploymentState.DRAINING}) if M_DRAIN in r.head else d)
-        return out
+    @staticmethod
+    def _rank_of(head: Mapping[str, str]) -> Rank:
+        return rank_from_metadata(head)
 
     @staticmethod
     def _hosts(r: _Rank) -> tuple[str, ...]:
@@ -232,17 +222,6 @@ class GceFleet:
             if addr := nic and (nic.network_i_p or (nic.access_configs[0].nat_i_p if nic.access_configs else "")):
                 hosts.append(str(addr))
         return tuple(hosts)
-
-    def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
-        """(job id, rank id, env id, hosts) of every rank with a ready replica, draining ones included (the
-        engines to scrape)."""
-        return [(r.head[M_JOB], rid, rank_from_metadata(r.head).env.env_id, hosts)
-                for rid, r in self._ranks().items() if (hosts := self._hosts(r))]
-
-    def routes(self) -> list[tuple[str, Rank, tuple[str, ...]]]:
-        """(job id, rank, hosts) of the ranks the gateway routes to: live and handing over, not draining."""
-        return [(r.head[M_JOB], rank_from_metadata(r.head), hosts) for r in self._ranks().values()
-                if drain.routable(drain.Drain.decode(r.head.get(M_DRAIN))) and (hosts := self._hosts(r))]
 
     def sweep(self) -> int:
         """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
@@ -268,19 +247,10 @@ class GceFleet:
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
         rid, key = rank.rank_id(job.job_id), idempotency_key
-        log = self._log.bind(job=job.job_id, rank=rid, key=key)
-
-        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
-            if status is LaunchStatus.FAILED:
-                log.warning("gcp.launch.failed", reason=reason)
-            return LaunchResult(job_id=job.job_id, rank_id=rid, idempotency_key=key, status=status,
-                                replicas_requested=rank.n_replicas, replicas_launched=launched, reason=reason)
-
+        result = self._answer("launch", job.job_id, rid, key, rank.n_replicas)
         pool = self.pools.pool_for(rank)
         if pool is None:
-            return result(LaunchStatus.FAILED, reason=(f"no pool of cluster {self.cluster_id} for env "
-                                                       f"{rank.env.env_id} and instance type "
-                                                       f"{rank.config.instance_type}"))
+            return result(LaunchStatus.FAILED, reason=self._no_pool(rank))
         zone = pool.env.zone
         if zone in _NO_ZONE:
             return result(LaunchStatus.FAILED, reason=f"pool {pool.pool_id} names no zone to launch in")
@@ -290,33 +260,24 @@ class GceFleet:
                 return result(LaunchStatus.DUPLICATE, len({metadata(i)[M_REPLICA] for i in prior}), "already applied")
             if [i for i in self._list(zone, {L_RANK: rid}) if i.status not in LEAVING]:
                 return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
-            nodes = self._nodes(rank, pool)
-            need, free = nodes * rank.n_replicas, self._free(pool)
-            if free < need:
-                return result(LaunchStatus.FAILED, reason=(f"pool {pool.pool_id}: {rank.n_replicas} replica(s) "
-                                                           f"need {need} instance(s), {free} of "
-                                                           f"{pool.total_instances} free"))
+            need = self._nodes(rank, pool) * rank.n_replicas
+            if reason := self._shortfall(pool, need, self._free(pool), f"{rank.n_replicas} replica(s)"):
+                return result(LaunchStatus.FAILED, reason=reason)
             self._insert(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
                          target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
         except GoogleAPICallError as e:
             return result(LaunchStatus.FAILED, reason=gce_reason(e))
         except EngineError as e:
             return result(LaunchStatus.FAILED, reason=str(e))
-        log.info("gcp.launch", pool=pool.pool_id, zone=zone, replicas=rank.n_replicas, instances=need)
+        self._log.info("gcp.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id, zone=zone,
+                       replicas=rank.n_replicas, instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
 
     def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
               drain_s: float | None = None) -> LaunchResult:
         """Remove the highest-index replicas (and remnants of broken ones) or launch missing ones."""
         key = idempotency_key
-        log = self._log.bind(job=job_id, rank=rank_id, key=key)
-
-        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
-            if status is LaunchStatus.FAILED:
-                log.warning("gcp.scale.failed", reason=reason)
-            return LaunchResult(job_id=job_id, rank_id=rank_id, idempotency_key=key, status=status,
-                                replicas_requested=n_replicas, replicas_launched=launched, reason=reason)
-
+        result = self._answer("scale", job_id, rank_id, key, n_replicas)
         try:
             seen = self._list_all({L_RANK: rank_id})
             if any(key in (md.get(M_KEY), md.get(M_LAST_KEY)) for md in map(metadata, seen)):
@@ -331,17 +292,10 @@ class GceFleet:
             pool = self._pool(r.head[M_POOL])
             if pool is None:
                 return result(LaunchStatus.FAILED, reason=f"pool {r.head[M_POOL]} is not configured any more")
-            alive = r.alive()
-            wait = drain.scale_drain(drain_s)
-            retire = alive[n_replicas:]  # drained (infra.drain); a broken replica's remnants go at once
-            drop = r.broken() + ([] if wait else retire)
-            add = max(0, n_replicas - len(alive))
-            if add:
-                need, free = add * r.nodes, self._free(pool)
-                if free < need:
-                    return result(LaunchStatus.FAILED, reason=(f"pool {pool.pool_id}: {add} more replica(s) need "
-                                                               f"{need} instance(s), {free} of "
-                                                               f"{pool.total_instances} free"))
+            plan = scale_plan(r, n_replicas, drain_s)  # the retired drain (infra.drain); broken remnants go at once
+            retire, drop, add, wait = plan.retire, plan.drop, plan.add, plan.wait
+            if add and (reason := self._shortfall(pool, add * r.nodes, self._free(pool), f"{add} more replica(s)")):
+                return result(LaunchStatus.FAILED, reason=reason)
             killed = [i for x in drop for i in r.replicas[x]]
             draining = [i for x in retire for i in r.replicas[x]] if wait else []
             gen = int(r.head.get(M_GEN, "0")) + 1
@@ -362,8 +316,8 @@ class GceFleet:
             return result(LaunchStatus.FAILED, reason=gce_reason(e))
         except EngineError as e:
             return result(LaunchStatus.FAILED, reason=str(e))
-        log.info("gcp.scale", replicas=n_replicas, added=add, removed=len(drop) + len(retire) * bool(wait),
-                 drain_s=wait)
+        self._log.info("gcp.scale", job=job_id, rank=rank_id, key=key, replicas=n_replicas, added=add,
+                       removed=len(drop) + len(retire) * bool(wait), drain_s=wait)
         return result(LaunchStatus.LAUNCHED, n_replicas)
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
@@ -378,12 +332,10 @@ class GceFleet:
         mark = {M_TEARDOWN: idempotency_key}
         deferred = bool(mine) and (handover or drain_s > 0)
         if deferred:
-            ranks = self._ranks()
-            if rank_id not in ranks or M_DRAIN in ranks[rank_id].head:
+            record, deferred = self._drain_mark(self._ranks(), rank_id, self.now(), drain_s, handover)
+            if record is None:
                 return False
-            d = drain.begin(rank_id, drain.views(ranks, M_JOB, M_DRAIN), self.now(), drain_s, handover)
-            mark[M_DRAIN] = d.encode()
-            deferred = drain.phase(d, self.now()) != "done"
+            mark.update(record)
         if mine:
             self._set_metadata(mine, mark)
             if not deferred:

@@ -1,4 +1,5 @@
-"""A rank's cloud instances grouped by replica — the one rule EC2 and Compute Engine share.
+"""A rank's cloud instances grouped by replica — the rules EC2, Compute Engine and Azure share: the grouping, a
+scale's plan, and the reads made the same way from the ranks (:class:`RankReads`).
 
 A replica is alive when all of its nodes (ceil(gpus / gpus_per_instance) instances) are up (starting or
 running), ready when all of them run; any other replica the listing still shows is broken (a node lost to a
@@ -9,11 +10,14 @@ reclaim or a failure): ``scale`` and ``teardown`` remove its remnants. The cloud
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
 
-from koi.domain import Deployment, Rank
+from infra import drain
+from koi.domain import Deployment, DeploymentState, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.domain.cluster import deployment_state
+from koi.ports import LaunchResult, LaunchStatus
 
 I = TypeVar("I")  # noqa: E741 - an instance, as the cloud's SDK returns it
 
@@ -40,3 +44,108 @@ class ReplicaGroups(Generic[I]):
         ready = len(self.ready())
         return Deployment(job_id=job_id, rank=rank, state=deployment_state(len(self.alive()), ready, rank.n_replicas),
                           replicas_ready=ready, idempotency_key=launch_key)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePlan:
+    """What a scale to ``n`` replicas does to a rank (the same on every cloud): the replicas it retires (drained
+    when ``wait`` > 0, :mod:`infra.drain`), those it deletes at once (broken remnants, and the retired when there
+    is no drain) and how many it adds."""
+
+    retire: list[int]
+    drop: list[int]
+    add: int
+    wait: float
+
+
+def scale_plan(r: ReplicaGroups[Any], n: int, drain_s: float | None) -> ScalePlan:
+    alive, wait = r.alive(), drain.scale_drain(drain_s)
+    retire = alive[n:]
+    return ScalePlan(retire, r.broken() + ([] if wait else retire), max(0, n - len(alive)), wait)
+
+
+class RankReads:
+    """The reads every cloud fleet makes the same way from its ranks — :class:`ReplicaGroups` whose ``head`` is the
+    newest instance's record (tags or metadata): the cloud names its keys and supplies ``_ranks``, ``_hosts`` and
+    ``_rank_of``."""
+
+    CLOUD: ClassVar[str]  # the log events' prefix
+    JOB_KEY: ClassVar[str]
+    LAUNCH_KEY: ClassVar[str]
+    DRAIN_KEY: ClassVar[str]
+    cluster_id: str
+    pools: ResourceMap
+    _clock: Callable[[], float]
+    _log: Any
+
+    def now(self) -> float:
+        return float(self._clock())
+
+    def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
+        """Empty: a cloud knows instances, not requests (engine metrics: :mod:`infra.vllm_metrics`)."""
+        return []
+
+    def _capacity(self, used: Mapping[str | None, int]) -> ResourceMap:
+        """The pools with what the cluster's instances (``used`` by pool id) leave free."""
+        return ResourceMap(pools=[p.model_copy(update={"free_instances": max(0, p.total_instances - used.get(
+            p.pool_id, 0))}) for p in self.pools.pools])
+
+    def _answer(self, op: str, job_id: str, rank_id: str, key: str, requested: int) -> Callable[..., LaunchResult]:
+        """The :class:`LaunchResult` maker of one launch or scale; a FAILED one is logged with its reason."""
+        log = self._log.bind(job=job_id, rank=rank_id, key=key)
+
+        def result(status: LaunchStatus, launched: int = 0, reason: str = "") -> LaunchResult:
+            if status is LaunchStatus.FAILED:
+                log.warning(f"{self.CLOUD}.{op}.failed", reason=reason)
+            return LaunchResult(job_id=job_id, rank_id=rank_id, idempotency_key=key, status=status,
+                                replicas_requested=requested, replicas_launched=launched, reason=reason)
+
+        return result
+
+    def _no_pool(self, rank: Rank) -> str:
+        return (f"no pool of cluster {self.cluster_id} for env {rank.env.env_id} and instance type "
+                f"{rank.config.instance_type}")
+
+    @staticmethod
+    def _shortfall(pool: Pool, need: int, free: int, what: str) -> str | None:
+        """Why ``need`` more instances do not fit in the pool's budget, or None when they do."""
+        if free >= need:
+            return None
+        return f"pool {pool.pool_id}: {what} need {need} instance(s), {free} of {pool.total_instances} free"
+
+    def _ranks(self) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    def _hosts(self, r: Any) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def _rank_of(self, head: Mapping[str, str]) -> Rank:
+        raise NotImplementedError
+
+    def deployments(self) -> list[Deployment]:
+        """Each rank; one handing over or draining is DRAINING (:mod:`infra.drain`)."""
+        out = []
+        for r in self._ranks().values():
+            d = r.deployment(r.head[self.JOB_KEY], self._rank_of(r.head), r.head.get(self.LAUNCH_KEY, ""))
+            out.append(d.model_copy(update={"state": DeploymentState.DRAINING}) if self.DRAIN_KEY in r.head else d)
+        return out
+
+    def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
+        """(job id, rank id, env id, hosts) of every rank with a ready replica, draining ones included (the
+        engines to scrape)."""
+        return [(r.head[self.JOB_KEY], rid, self._rank_of(r.head).env.env_id, hosts)
+                for rid, r in self._ranks().items() if (hosts := self._hosts(r))]
+
+    def routes(self) -> list[tuple[str, Rank, tuple[str, ...]]]:
+        """(job id, rank, hosts) of the ranks the gateway routes to: live and handing over, not draining."""
+        return [(r.head[self.JOB_KEY], self._rank_of(r.head), hosts) for r in self._ranks().values()
+                if drain.routable(drain.Drain.decode(r.head.get(self.DRAIN_KEY))) and (hosts := self._hosts(r))]
+
+    def _drain_mark(self, ranks: Mapping[str, Any], rank_id: str, now: float, drain_s: float,
+                    handover: bool) -> tuple[dict[str, str] | None, bool]:
+        """A deferred teardown's record: (``{DRAIN_KEY: record}``, whether the release waits), or (None, False)
+        when the rank is not listed or already leaving."""
+        if rank_id not in ranks or self.DRAIN_KEY in ranks[rank_id].head:
+            return None, False
+        d = drain.begin(rank_id, drain.views(ranks, self.JOB_KEY, self.DRAIN_KEY), now, drain_s, handover)
+        return {self.DRAIN_KEY: d.encode()}, drain.phase(d, now) != "done"
