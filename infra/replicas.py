@@ -4,7 +4,7 @@ scale's plan, and the reads made the same way from the ranks (:class:`RankReads`
 A replica is alive when all of its nodes (ceil(gpus / gpus_per_instance) instances) are up (starting or
 running), ready when all of them run; any other replica the listing still shows is broken (a node lost to a
 reclaim or a failure): ``scale`` and ``teardown`` remove its remnants. The cloud adapters say what "up",
-"running" and "which replica" mean for their instances (:mod:`infra.aws`, :mod:`infra.gcp`).
+"running" and "which replica" mean for their instances (:mod:`infra.aws`, :mod:`infra.gcp`, :mod:`infra.azure`).
 """
 
 from __future__ import annotations
