@@ -45,7 +45,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from infra import drain
-from infra.engine import EngineError, EngineSpec, script_for
+from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups, scale_plan
 from koi.domain import Job, Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
@@ -62,7 +62,7 @@ T_REPLICA, T_BASE, T_NODES = "koi:replica", "koi:replica-base", "koi:nodes"
 T_REPLICAS, T_GEN, T_SPEC = "koi:replicas", "koi:gen", "koi:rank-spec"
 T_WEIGHT, T_REWEIGHT, T_TEARDOWN = "koi:route-weight", "koi:reweight-key", "koi:teardown-key"
 T_DRAIN, T_RDRAIN = "koi:drain", "koi:replica-drain-until"
-T_MODEL = "koi:model"
+T_MODEL, T_HEAD = "koi:model", "koi:head"
 
 TAG_MAX = 256
 #: States in which an instance still holds a place in its pool.
@@ -398,7 +398,11 @@ class Ec2Fleet(RankReads):
         """One all-or-nothing run_instances for ``count`` replicas (MinCount = MaxCount), then label replicas.
         With an engine spec, the user data starts vLLM as the rank asks (:mod:`infra.engine`)."""
         nodes = self._nodes(rank, pool)
-        script = script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, nodes)
+        # one request starts every node: a node finds its index and (Koi tags it below) its head from the metadata
+        node = Node(index=f"$(( $(koi_imds meta-data/ami-launch-index) % {nodes} ))" if nodes > 1 else "0",
+                    count=nodes, gpus=pool.gpus_per_instance, head="$(koi_imds_wait meta-data/tags/instance/koi:head)",
+                    imds=nodes > 1)
+        script = script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, node)
         tags = {T_CLUSTER: self.cluster_id, T_JOB: job_id, T_RANK: rid, T_POOL: pool.pool_id,
                 T_ENV: rank.env.env_id[:TAG_MAX],
                 T_KEY: tag_value(key), T_LAUNCH_KEY: tag_value(launch_key), T_BASE: str(base), T_NODES: str(nodes),
@@ -421,13 +425,20 @@ class Ec2Fleet(RankReads):
             args["InstanceMarketOptions"] = {"MarketType": "spot"}
         if script is not None:
             args["UserData"] = script  # boto3 base64-encodes it
+            if nodes > 1:  # the nodes read koi:head from the instance metadata
+                args["MetadataOptions"] = {**dict(self.run_args.get("MetadataOptions") or {}),
+                                           "InstanceMetadataTags": "enabled"}
         client = self._client(pool.env.region)
         insts = client.run_instances(**args)["Instances"]
-        replicas: dict[int, list[str]] = defaultdict(list)
+        replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for i in insts:
-            replicas[_replica(i, tags)].append(i["InstanceId"])
-        for r, ids in sorted(replicas.items()):
-            client.create_tags(Resources=ids, Tags=_tag_list({T_REPLICA: str(r)}))
+            replicas[_replica(i, tags)].append(i)
+        for r, group in sorted(replicas.items()):
+            label = {T_REPLICA: str(r)}
+            head = min(group, key=lambda i: int(i.get("AmiLaunchIndex", 0)))
+            if nodes > 1 and head.get("PrivateIpAddress"):
+                label[T_HEAD] = head["PrivateIpAddress"]
+            client.create_tags(Resources=[i["InstanceId"] for i in group], Tags=_tag_list(label))
         return [i["InstanceId"] for i in insts]
 
     # ---- pools ----------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ from infra.aws import (
     spec_tags,
     tag_value,
 )
-from infra.engine import EngineError, EngineSpec, script_for
+from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups, scale_plan
 from koi.domain import Job, Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
@@ -352,7 +352,13 @@ class AzureFleet(RankReads):
         """Create ``count`` replicas of ``nodes`` VMs; on any refusal delete what this call made, raise. With an
         engine spec, the custom data starts vLLM as the rank asks (:mod:`infra.engine`)."""
         nodes = self._nodes(rank, pool)
-        script = script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, nodes)
+
+        def script(replica: int, node: int) -> str | None:  # node 0's name resolves in the VNet (Azure DNS)
+            return script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, Node(
+                index=str(node), count=nodes, gpus=pool.gpus_per_instance,
+                head=vm_name(self.cluster_id, rid, key, gen, replica, 0)))
+
+        script(base, 0)  # a rank Koi cannot start fails here, before anything is created
         extra = dict(self.vm_args)
         base_tags = {**dict(extra.pop("tags", None) or {}), T_CLUSTER: self.cluster_id, T_JOB: job_id, T_RANK: rid,
                      T_POOL: pool.pool_id, T_ENV: rank.env.env_id[:256], T_KEY: tag_value(key),
@@ -368,7 +374,7 @@ class AzureFleet(RankReads):
                 for node in range(nodes):
                     name = vm_name(self.cluster_id, rid, key, gen, replica, node)
                     body = self._vm_body(pool, name, {**base_tags, T_REPLICA: str(replica), T_NODE: str(node)},
-                                         extra, script)
+                                         extra, script(replica, node))
                     self.compute.virtual_machines.begin_create_or_update(self.rg, name, body).result()
                     made.append({"name": name})
         except HttpResponseError:

@@ -9,7 +9,7 @@ Koi chooses the parallelism, batching, memory and quantization of every rank (Ap
         --tensor-parallel-size tp --pipeline-parallel-size pp [--data-parallel-size dp] [--enable-expert-parallel]
         --max-num-seqs … --max-num-batched-tokens … --gpu-memory-utilization … --block-size …
         --[no-]enable-prefix-caching --[no-]enable-chunked-prefill --dtype … [--quantization fp8]
-        [--kv-cache-dtype fp8] <extra_args>
+        [--kv-cache-dtype fp8] <extra_args> [--distributed-executor-backend ray]
 
 after the operator's ``prelude`` (activating an environment, fetching a Hugging Face token, …).
 
@@ -24,9 +24,13 @@ Choices (vLLM's flags as of the 0.1x/0.2x CLI; the spec names the knobs, not the
    ``fp8`` → ``--kv-cache-dtype fp8``; anything else is vLLM's ``auto`` (the weights' dtype).
 3. **Expert parallelism**: vLLM spreads experts over all TP × DP ranks (``--enable-expert-parallel``); a chain
    with 1 < ep < tp·dp cannot be expressed and is refused.
-4. **One instance per replica**: a replica spanning several instances (pp across nodes) needs a Ray cluster whose
-   head the other nodes must find; that is the operator's start script (``run_args``), and such a rank launches
-   with it unchanged (logged). Only vLLM is rendered; another engine is refused.
+4. **A replica over several instances** (pp across nodes) runs on a Ray cluster of its own, as vLLM's multi-node
+   serving does: node 0 starts the Ray head, waits (up to :data:`JOIN_WAIT_S`) until the cluster holds the rank's
+   GPUs, then serves with ``--distributed-executor-backend ray``; every other node joins the head. Each cloud says
+   how a node finds the head (:class:`Node`): Compute Engine and Azure by its name (their internal DNS resolves
+   the instance names Koi chose); EC2, whose nodes start from one request, reads its launch index and a
+   ``koi:head`` tag Koi writes after the launch from the instance metadata (``InstanceMetadataTags`` enabled).
+   Only vLLM is rendered; another engine is refused.
 5. ``engine_version`` is exported as ``KOI_ENGINE_VERSION`` for the prelude to act on (install or check); the
    image decides which vLLM runs.
 """
@@ -34,6 +38,7 @@ Choices (vLLM's flags as of the 0.1x/0.2x CLI; the spec names the knobs, not the
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 
 from pydantic import Field
 
@@ -96,29 +101,80 @@ def vllm_args(job_id: str, model_name: str, rank: Rank, port: int, spec: EngineS
     return args + list(spec.extra_args)
 
 
+RAY_PORT = 6379
+#: How long the head waits for the replica's other nodes to join its Ray cluster before starting vLLM anyway (s).
+JOIN_WAIT_S = 900
+_IMDS = """koi_imds() {  # EC2 instance metadata, IMDSv2
+  local token
+  token=$(curl -sf -X PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
+  curl -sf -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/$1"
+}
+koi_imds_wait() {  # a value Koi writes after the launch: wait for it
+  local v
+  until v=$(koi_imds "$1"); do sleep 5; done
+  echo "$v"
+}"""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """Where an instance sits in its replica (choice 4). ``index``: its node index, or a shell expression that finds it
+    at boot (EC2 starts a replica's nodes from one request); ``head``: a shell expression for node 0's address;
+    ``imds``: the expressions use EC2's instance metadata."""
+
+    index: str
+    count: int
+    gpus: int
+    head: str = ""
+    imds: bool = False
+
+
 def start_script(cluster_id: str, job_id: str, rank_id: str, model_name: str, rank: Rank, port: int,
-                 spec: EngineSpec) -> str:
-    """The instance's start-up script: the identities as environment, the prelude, then ``exec vllm serve``."""
-    args = vllm_args(job_id, model_name, rank, port, spec)
+                 spec: EngineSpec, node: Node | None = None) -> str:
+    """The instance's start-up script: the identities as environment, the prelude, then ``exec vllm serve`` — or,
+    for a replica over several instances, a Ray cluster: node 0 starts its head, waits for the others' GPUs and
+    serves; the others join it."""
+    multi = node is not None and node.count > 1
+    args = vllm_args(job_id, model_name, rank, port, spec) + (["--distributed-executor-backend", "ray"] if multi else [])
     env = {"KOI_CLUSTER": cluster_id, "KOI_JOB": job_id, "KOI_RANK": rank_id, "KOI_MODEL": model_name,
            "KOI_ENGINE_VERSION": rank.config.engine_version}
     lines = ["#!/bin/bash", f"# written by Koi for job {job_id}, rank {rank_id} (infra/engine.py)", "set -euo pipefail",
              *(f"export {k}={shlex.quote(v)}" for k, v in env.items())]
     if spec.prelude.strip():
         lines.append(spec.prelude.rstrip("\n"))
-    lines.append(f"exec {shlex.join(args)} >> {shlex.quote(spec.log_file)} 2>&1")
+    log_to = f">> {shlex.quote(spec.log_file)} 2>&1"
+    serve = f"exec {shlex.join(args)} {log_to}"
+    if not multi:
+        return "\n".join([*lines, serve]) + "\n"
+    assert node is not None
+    check = (f'import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
+             f'sys.exit(0 if ray.cluster_resources().get("GPU", 0) >= {rank.config.gpus} else 1)')
+    if node.imds:
+        lines.append(_IMDS)
+    lines += [
+        f"NODE={node.index}",
+        'if [ "$NODE" -eq 0 ]; then',
+        f"  ray start --head --port={RAY_PORT} --num-gpus={node.gpus} --disable-usage-stats {log_to}",
+        f"  for _ in $(seq 1 {JOIN_WAIT_S // 5}); do  # the other {node.count - 1} node(s) join",
+        f'    "${{KOI_PYTHON:-python3}}" -c {shlex.quote(check)} {log_to} && break',
+        "    sleep 5",
+        "  done",
+        f"  {serve}",
+        "fi",
+        f"HEAD={node.head}",
+        f'exec ray start --address="$HEAD:{RAY_PORT}" --num-gpus={node.gpus} --block {log_to}',
+    ]
     return "\n".join(lines) + "\n"
 
 
 def script_for(spec: EngineSpec | None, port: int, cluster_id: str, job_id: str, rank_id: str, model_name: str | None,
-               rank: Rank, nodes: int) -> str | None:
+               rank: Rank, node: Node) -> str | None:
     """The start-up script of a launch or scale-up, or None to launch with the operator's own (no ``engine:`` in
-    the fleet file, a replica spanning ``nodes`` > 1 instances — choice 4 — or a rank launched before Koi recorded
-    its model). :class:`EngineError` for a rank that cannot be started (choices 2 and 3)."""
+    the fleet file, or a rank launched before Koi recorded its model). :class:`EngineError` for a rank that cannot
+    be started (choices 2 and 3)."""
     if spec is None:
         return None
-    if nodes > 1 or model_name is None:
-        log.warning("engine.not_rendered", job=job_id, rank=rank_id, nodes=nodes, model=model_name,
-                    why="a replica over several instances" if nodes > 1 else "no model recorded")
+    if model_name is None:
+        log.warning("engine.not_rendered", job=job_id, rank=rank_id, why="no model recorded")
         return None
-    return start_script(cluster_id, job_id, rank_id, model_name, rank, port, spec)
+    return start_script(cluster_id, job_id, rank_id, model_name, rank, port, spec, node)

@@ -73,7 +73,7 @@ from google.api_core.exceptions import DeadlineExceeded, GoogleAPICallError, Not
 from google.cloud import compute_v1
 
 from infra import drain
-from infra.engine import EngineError, EngineSpec, script_for
+from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups, scale_plan
 from koi.domain import Job, Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
@@ -414,7 +414,13 @@ class GceFleet(RankReads):
         """Insert ``count`` replicas of ``nodes`` instances; on any failure delete what this call made, raise. With
         an engine spec, a ``startup-script`` starts vLLM as the rank asks (:mod:`infra.engine`)."""
         nodes, zone = self._nodes(rank, pool), pool.env.zone
-        script = script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, nodes)
+
+        def script(replica: int, node: int) -> str | None:  # node 0's name resolves in the VPC (zonal DNS)
+            head = f"{instance_name(self.cluster_id, rid, key, gen, replica, 0)}.{zone}.c.{self.project}.internal"
+            return script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank,
+                              Node(index=str(node), count=nodes, gpus=pool.gpus_per_instance, head=head))
+
+        script(base, 0)  # a rank Koi cannot start fails here, before anything is inserted
         args = dict(self.insert_args)
         extra_md = {str(k): str(v) for k, v in dict(args.pop("metadata", None) or {}).items()}
         labels = {**dict(args.pop("labels", None) or {}),
@@ -428,8 +434,6 @@ class GceFleet(RankReads):
             md[M_LAST_KEY] = last_key
         if model is not None:
             md[M_MODEL] = model
-        if script is not None:
-            md["startup-script"] = script
         spot = pool.env.market is Market.SPOT
         scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=not spot)
         if spot:
@@ -446,6 +450,8 @@ class GceFleet(RankReads):
                 for node in range(nodes):
                     name = instance_name(self.cluster_id, rid, key, gen, replica, node)
                     items = {**md, M_REPLICA: str(replica), M_NODE: str(node)}
+                    if (text := script(replica, node)) is not None:
+                        items["startup-script"] = text
                     inst = compute_v1.Instance(
                         **args, name=name, machine_type=f"zones/{zone}/machineTypes/{pool.instance_type}",
                         labels=labels, metadata=compute_v1.Metadata(

@@ -195,6 +195,12 @@ def test_the_engine_start_script_rides_in_custom_data(arm, cluster):
     script = base64.b64decode(server.custom_data(vm["name"])).decode()
     assert script.startswith("#!/bin/bash") and "exec vllm serve meta-llama/Llama-3.1-8B" in script
     assert "customData" not in vm["properties"]["osProfile"]  # as ARM: never returned
+    # two VMs per replica: each its own script, finding node 0 by its name (Azure's DNS in the VNet)
+    assert fleet.launch(chat_job(2), big(1), "k-b").status is LaunchStatus.LAUNCHED
+    two = sorted((v for v in vms(server, cluster) if v["tags"]["koi:job"] == "job-2"), key=lambda v: v["tags"]["koi:node"])
+    for n, v in enumerate(two):
+        lines = base64.b64decode(server.custom_data(v["name"])).decode().splitlines()
+        assert f"NODE={n}" in lines and f"HEAD={two[0]['name']}" in lines
 
 
 def test_image_references():

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from infra.engine import EngineError, EngineSpec, start_script, vllm_args
+from infra.engine import EngineError, EngineSpec, Node, start_script, vllm_args
 from koi.domain import ChainConfig, Environment, Rank
 from koi.ports import LaunchStatus
 from tests.fakes.jobs import chat_job
@@ -108,10 +108,14 @@ def test_ec2_launches_carry_the_start_script_and_scale_ups_too(ec2_factory):
     assert len(scripts) == 1
     (script,) = scripts
     assert "exec vllm serve meta-llama/Llama-3.1-8B --served-model-name job-1" in script and "--port 8123" in script
-    # a replica over two instances keeps the operator's script (Ray needs the head's address: infra/engine.py)
-    assert fleet.launch(chat_job(2), t.big(1), "k-b").status is LaunchStatus.LAUNCHED
+    # a replica over two instances: one script for both nodes, Ray, and the head's address tagged for them to read
+    assert fleet.launch(chat_job(2), t.big(2), "k-b").status is LaunchStatus.LAUNCHED
     big = [i for i in t.instances(ec2_factory, cluster) if t.tags(i)["koi:job"] == "job-2"]
-    assert {user_data(i) for i in big} == {"#!/bin/bash\necho operator"}
+    (ray,) = {user_data(i) for i in big}
+    assert "ami-launch-index) % 2" in ray and "--distributed-executor-backend ray" in ray
+    for replica in ("0", "1"):
+        nodes = sorted((i for i in big if t.tags(i)["koi:replica"] == replica), key=lambda i: i["AmiLaunchIndex"])
+        assert {t.tags(i)["koi:head"] for i in nodes} == {nodes[0]["PrivateIpAddress"]}
     # a rank Koi cannot start fails its launch, naming why, and launches nothing
     int4 = Rank(env=t.SPOT, config=ChainConfig(instance_type="g6.xlarge", weight_dtype="int4"), n_replicas=1)
     res = fleet.launch(chat_job(3), int4, "k-q")
@@ -141,3 +145,51 @@ def test_gce_launches_carry_the_start_script():
         assert md["startup-script"].splitlines()[-2:] == [
             "source /opt/vllm/bin/activate",
             f"exec {shlex.join(vllm_args('job-1', 'llama-3.1-8b', t.small(1), 8000))} >> /var/log/koi-engine.log 2>&1"]
+        # two nodes per replica: each its own script, finding node 0 by its name in the zone's DNS
+        assert fleet.launch(chat_job(2), t.big(1), "k-b").status is LaunchStatus.LAUNCHED
+        nodes = sorted((t.md(i) for i in t.instances(server, cluster) if t.md(i)["koi-job"] == "job-2"),
+                       key=lambda m: m["koi-node"])
+        head = next(i["name"] for i in t.instances(server, cluster)
+                    if t.md(i)["koi-job"] == "job-2" and t.md(i)["koi-node"] == "0")
+        for n, m in enumerate(nodes):
+            lines = m["startup-script"].splitlines()
+            assert f"NODE={n}" in lines and f"HEAD={head}.{t.ZONE_A}.c.{t.PROJECT}.internal" in lines
+
+
+def test_a_replica_over_two_nodes_forms_a_ray_cluster_and_the_head_serves(tmp_path):
+    """The EC2 script of a two-node replica, run by bash as each node with stubs for curl (the instance metadata:
+    launch index 2 or 3, the koi:head tag), ray and the GPU check: node 0 starts the head, waits for the cluster's
+    16 GPUs and execs vllm with the Ray backend; node 1 joins the head's address."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    stubs = {
+        "curl": '#!/bin/bash\ncase "$*" in *api/token*) echo tok;; *ami-launch-index*) echo "$INDEX";;'
+                ' *tags/instance/koi:head*) echo 10.0.0.7;; *) exit 22;; esac\n',
+        "ray": '#!/bin/bash\necho "ray $*" >> "$OUT/calls"\n',
+        "vllm": '#!/bin/bash\necho "vllm $*" >> "$OUT/calls"\n',
+        "gpus-ok": '#!/bin/bash\necho "check" >> "$OUT/calls"\n',
+    }
+    for name, text in stubs.items():
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    r = Rank(env=ENV, config=ChainConfig(instance_type="p5.48xlarge", tp=8, pp=2), n_replicas=1)
+    node = Node(index="$(( $(koi_imds meta-data/ami-launch-index) % 2 ))", count=2, gpus=8,
+                head="$(koi_imds_wait meta-data/tags/instance/koi:head)", imds=True)
+    script = start_script("c1", "job-1", r.rank_id("job-1"), "llama-3.1-70b", r, 8000,
+                          EngineSpec(log_file=str(tmp_path / "engine.log")), node)
+    (tmp_path / "start.sh").write_text(script)
+    calls = {}
+    for index in ("2", "3"):  # replica 1's node 0 and node 1
+        out = tmp_path / f"out{index}"
+        out.mkdir()
+        env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(out), "INDEX": index,
+               "KOI_PYTHON": str(bin_ / "gpus-ok")}
+        done = subprocess.run(["bash", str(tmp_path / "start.sh")], env=env, capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 0, done.stderr
+        calls[index] = (out / "calls").read_text().splitlines()
+    head, worker = calls["2"], calls["3"]
+    assert head[0] == "ray start --head --port=6379 --num-gpus=8 --disable-usage-stats" and head[1] == "check"
+    assert head[2].startswith("vllm serve meta-llama/Llama-3.1-70B") and head[2].endswith(
+        "--distributed-executor-backend ray") and "--pipeline-parallel-size 2" in head[2]
+    assert worker == ["ray start --address=10.0.0.7:6379 --num-gpus=8 --block"]
