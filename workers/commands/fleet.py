@@ -1,4 +1,4 @@
-"""``koi fleet``: what a real fleet (EC2, Compute Engine) holds for a cluster, read from the cloud.
+"""``koi fleet``: what a real fleet (EC2, Compute Engine, Azure) holds for a cluster, read from the cloud.
 
 ``koi fleet show --fleet fleet.yaml --cluster koi-prod`` checks the fleet file, reaches the cloud with the
 credentials the workers will use, and lists each pool's budget and what the cluster's instances occupy, then each rank Koi runs
@@ -21,7 +21,7 @@ app = typer.Typer(help="A real fleet as the cloud holds it (infra/cloud.py).", n
 def show(
     fleet: str | None = typer.Option(None, help="the fleet file (default KOI_FLEET_FILE)"),
     cluster: str | None = typer.Option(None, help="cluster id (default KOI_CLUSTER_ID)"),
-    cloud: str | None = typer.Option(None, help="aws or gcp (default KOI_WORLD when it names one, else aws)"),
+    cloud: str | None = typer.Option(None, help="aws, gcp or azure (default KOI_WORLD when it names one, else aws)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Pools (budget, used, free) and the cluster's ranks, read from the cloud; changes nothing."""
