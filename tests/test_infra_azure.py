@@ -281,3 +281,19 @@ def test_the_shipped_role_allows_every_call_the_fleet_makes(arm, cluster):
             "Microsoft.Network/networkInterfaces/read"} <= needed
     role = json.loads((Path(__file__).resolve().parents[1] / "infra/azure-role.json").read_text())
     assert needed <= set(role["Actions"]), needed - set(role["Actions"])
+
+
+def test_the_default_clients_are_built_from_the_fleet_file_without_calling_azure():
+    """``azure_clients``: the subscription and (a sovereign cloud's) Resource Manager endpoint from the fleet file,
+    credentials from the default chain — nothing is asked of Azure until a call is made."""
+    from infra.cloud import AzureSpec, FleetError, FleetSpec, azure_clients, make_fleet
+
+    spec = FleetSpec(pools=pools().pools, endpoint_url="https://management.usgovcloudapi.net",
+                     azure=AzureSpec(subscription_id=SUB, resource_group=RG, subnet_id=SUBNET, ssh_public_key="k"))
+    compute, network = azure_clients(spec)
+    assert compute._config.subscription_id == SUB == network._config.subscription_id
+    assert compute._config.base_url == "https://management.usgovcloudapi.net"
+    fleet = make_fleet(spec, "c1", "azure", client=(compute, network))
+    assert isinstance(fleet, AzureFleet) and fleet.rg == RG and fleet.subnet_id == SUBNET
+    with pytest.raises(FleetError, match="'azure' section"):
+        make_fleet(spec.model_copy(update={"azure": None}), "c1", "azure")
