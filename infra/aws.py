@@ -262,14 +262,10 @@ class Ec2Fleet(RankReads):
                 return result(LaunchStatus.DUPLICATE, reason="already applied")
             present = [i for i in seen if _state(i) in PRESENT and _tags(i).get(T_JOB) == job_id
                        and T_RDRAIN not in _tags(i)]
-            if not present:
-                return result(LaunchStatus.FAILED, reason=f"no such rank {rank_id}")
-            if n_replicas < 1:
-                return result(LaunchStatus.FAILED, reason="a rank keeps at least one replica; teardown releases it")
-            r = _Rank(present)
-            pool = self._pool(r.head[T_POOL])
-            if pool is None:
-                return result(LaunchStatus.FAILED, reason=f"pool {r.head[T_POOL]} is not configured any more")
+            target = self._scale_target(present, rank_id, n_replicas, T_POOL, _Rank)
+            if isinstance(target, str):
+                return result(LaunchStatus.FAILED, reason=target)
+            r, pool = target
             plan = scale_plan(r, n_replicas, drain_s)  # the retired drain (infra.drain); broken remnants go at once
             retire, drop, add, wait = plan.retire, plan.drop, plan.add, plan.wait
             if add and (reason := self._shortfall(pool, add * r.nodes, self._free(pool), f"{add} more replica(s)")):
@@ -351,9 +347,6 @@ class Ec2Fleet(RankReads):
     @property
     def _regions(self) -> list[str]:
         return sorted({p.env.region for p in self.pools.pools if p.env.region not in _NO_ZONE})
-
-    def _pool(self, pool_id: str) -> Pool | None:
-        return next((p for p in self.pools.pools if p.pool_id == pool_id), None)
 
     def _describe(self, region: str, tags: Mapping[str, str], states: Iterable[str] | None) -> list[dict[str, Any]]:
         filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in {T_CLUSTER: self.cluster_id, **tags}.items()]

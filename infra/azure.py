@@ -256,14 +256,10 @@ class AzureFleet(RankReads):
             if any(tv in (tags(v).get(T_KEY), tags(v).get(T_LAST_KEY)) for v in seen):
                 return result(LaunchStatus.DUPLICATE, reason="already applied")
             present = [v for v in seen if not _leaving(v) and tags(v).get(T_JOB) == job_id and T_RDRAIN not in tags(v)]
-            if not present:
-                return result(LaunchStatus.FAILED, reason=f"no such rank {rank_id}")
-            if n_replicas < 1:
-                return result(LaunchStatus.FAILED, reason="a rank keeps at least one replica; teardown releases it")
-            r = _Rank(present)
-            pool = next((p for p in self.pools.pools if p.pool_id == r.head[T_POOL]), None)
-            if pool is None:
-                return result(LaunchStatus.FAILED, reason=f"pool {r.head[T_POOL]} is not configured any more")
+            target = self._scale_target(present, rank_id, n_replicas, T_POOL, _Rank)
+            if isinstance(target, str):
+                return result(LaunchStatus.FAILED, reason=target)
+            r, pool = target
             plan = scale_plan(r, n_replicas, drain_s)  # the retired drain (infra.drain); broken remnants go at once
             retire, drop, add, wait = plan.retire, plan.drop, plan.add, plan.wait
             if add and (reason := self._shortfall(pool, add * r.nodes, self._free(pool, listed),

@@ -284,14 +284,10 @@ class GceFleet(RankReads):
                 return result(LaunchStatus.DUPLICATE, reason="already applied")
             present = [i for i in seen if i.status not in LEAVING and metadata(i).get(M_JOB) == job_id
                        and M_RDRAIN not in metadata(i)]
-            if not present:
-                return result(LaunchStatus.FAILED, reason=f"no such rank {rank_id}")
-            if n_replicas < 1:
-                return result(LaunchStatus.FAILED, reason="a rank keeps at least one replica; teardown releases it")
-            r = _Rank(present)
-            pool = self._pool(r.head[M_POOL])
-            if pool is None:
-                return result(LaunchStatus.FAILED, reason=f"pool {r.head[M_POOL]} is not configured any more")
+            target = self._scale_target(present, rank_id, n_replicas, M_POOL, _Rank)
+            if isinstance(target, str):
+                return result(LaunchStatus.FAILED, reason=target)
+            r, pool = target
             plan = scale_plan(r, n_replicas, drain_s)  # the retired drain (infra.drain); broken remnants go at once
             retire, drop, add, wait = plan.retire, plan.drop, plan.add, plan.wait
             if add and (reason := self._shortfall(pool, add * r.nodes, self._free(pool), f"{add} more replica(s)")):
@@ -357,9 +353,6 @@ class GceFleet(RankReads):
     @property
     def _zones(self) -> list[str]:
         return sorted({p.env.zone for p in self.pools.pools if p.env.zone not in _NO_ZONE})
-
-    def _pool(self, pool_id: str) -> Pool | None:
-        return next((p for p in self.pools.pools if p.pool_id == pool_id), None)
 
     def _labels(self, ids: Mapping[str, str]) -> dict[str, str]:
         full = {L_CLUSTER: self.cluster_id, **ids}

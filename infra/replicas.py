@@ -102,6 +102,17 @@ class RankReads:
 
         return result
 
+    def _scale_target(self, present: list[Any], rank_id: str, n: int, pool_key: str,
+                      groups: Callable[[list[Any]], Any]) -> tuple[Any, Pool] | str:
+        """A scale's rank (``groups`` of its ``present`` instances) and pool, or why the scale fails."""
+        if not present:
+            return f"no such rank {rank_id}"
+        if n < 1:
+            return "a rank keeps at least one replica; teardown releases it"
+        r = groups(present)
+        pool = next((p for p in self.pools.pools if p.pool_id == r.head[pool_key]), None)
+        return (r, pool) if pool is not None else f"pool {r.head[pool_key]} is not configured any more"
+
     def _no_pool(self, rank: Rank) -> str:
         return (f"no pool of cluster {self.cluster_id} for env {rank.env.env_id} and instance type "
                 f"{rank.config.instance_type}")
