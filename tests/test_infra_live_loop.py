@@ -137,7 +137,10 @@ def test_requests_through_the_gateway_come_back_as_the_next_ticks_evidence(tmp_p
         thr = dict(zip(w.times, w.series["throughput_tokens_per_sec"], strict=True))
         during = [v for t, v in thr.items() if t_load + 1.5 < t < t_load + 5.5]
         rate = TOKENS * sum(sent.values()) / 6.0
-        assert during and all(0.5 * rate < v < 1.5 * rate for v in during), (rate, thr)
+        # per step one scrape of each engine, give or take one at a step's edge (then 0 and 2x in adjacent steps):
+        # the mean over the load is the rate sent
+        assert len(during) >= 3 and 0.75 * rate < sum(during) / len(during) < 1.25 * rate, (rate, thr)
+        assert max(during) < 2.5 * rate, (rate, thr)
         # a rank's p99 TTFT from the engines' histograms: every request in the first bucket (≤ 50 ms)
         assert max(w.series["p99_ttft_ms"]) <= 50.0
 
