@@ -46,7 +46,7 @@ from botocore.exceptions import ClientError
 
 from infra import drain
 from infra.engine import EngineError, EngineSpec, Node, script_for
-from infra.replicas import RankReads, ReplicaGroups, scale_plan
+from infra.replicas import RankReads, ReplicaGroups
 from koi.domain import Job, Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
@@ -140,6 +140,8 @@ class Ec2Fleet(RankReads):
     """
 
     CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "aws", T_JOB, T_LAUNCH_KEY, T_DRAIN
+    POOL_KEY, KEY_KEY, LAST_KEY, GEN_KEY = T_POOL, T_KEY, T_LAST_KEY, T_GEN
+    REPLICAS_KEY, RDRAIN_KEY, WEIGHT_KEY, MODEL_KEY = T_REPLICAS, T_RDRAIN, T_WEIGHT, T_MODEL
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, client_factory: Callable[[str], Any] | None = None,
                  image_id: str = DEFAULT_IMAGE, clock: Callable[[], float] = time.time,
@@ -243,55 +245,13 @@ class Ec2Fleet(RankReads):
             need = self._nodes(rank, pool) * rank.n_replicas
             if reason := self._shortfall(pool, need, self._free(pool), f"{rank.n_replicas} replica(s)"):
                 return result(LaunchStatus.FAILED, reason=reason)
-            self._run(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
+            self._create_replicas(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
                       target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
         except (ClientError, EngineError) as e:
             return result(LaunchStatus.FAILED, reason=_aws_reason(e) if isinstance(e, ClientError) else str(e))
         self._log.info("aws.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id, replicas=rank.n_replicas,
                        instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
-
-    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
-              drain_s: float | None = None) -> LaunchResult:
-        """Remove the highest-index replicas (and remnants of broken ones) or launch missing ones."""
-        key, tv = idempotency_key, tag_value(idempotency_key)
-        result = self._answer("scale", job_id, rank_id, key, n_replicas)
-        try:
-            seen = self._describe_all({T_RANK: rank_id}, None)
-            if any(tv in (t.get(T_KEY), t.get(T_LAST_KEY)) for t in map(_tags, seen)):
-                return result(LaunchStatus.DUPLICATE, reason="already applied")
-            present = [i for i in seen if _state(i) in PRESENT and _tags(i).get(T_JOB) == job_id
-                       and T_RDRAIN not in _tags(i)]
-            target = self._scale_target(present, rank_id, n_replicas, T_POOL, _Rank)
-            if isinstance(target, str):
-                return result(LaunchStatus.FAILED, reason=target)
-            r, pool = target
-            plan = scale_plan(r, n_replicas, drain_s)  # the retired drain (infra.drain); broken remnants go at once
-            retire, drop, add, wait = plan.retire, plan.drop, plan.add, plan.wait
-            if add and (reason := self._shortfall(pool, add * r.nodes, self._free(pool), f"{add} more replica(s)")):
-                return result(LaunchStatus.FAILED, reason=reason)
-            killed = {i["InstanceId"] for x in drop for i in r.replicas[x]}
-            draining = sorted(i["InstanceId"] for x in retire for i in r.replicas[x]) if wait else []
-            gen = int(r.head.get(T_GEN, "0")) + 1
-            self._terminate(pool.env.region, sorted(killed))
-            if draining:
-                self._client(pool.env.region).create_tags(Resources=draining, Tags=_tag_list(
-                    {T_RDRAIN: repr(self.now() + wait), T_LAST_KEY: tv}))
-                killed.update(draining)
-            if add:
-                self._run(pool, job_id, rank_id, rank_from_tags(r.head), key=key, launch_key=r.head[T_LAUNCH_KEY],
-                          base=max(r.replicas) + 1, count=add, target=n_replicas, gen=gen,
-                          weight=float(r.head[T_WEIGHT]) if T_WEIGHT in r.head else None, last_key=tv,
-                          model=r.head.get(T_MODEL))
-            keep = sorted(i["InstanceId"] for i in present if i["InstanceId"] not in killed)
-            if keep:  # every old replica broken: the new ones carry the target themselves
-                self._client(pool.env.region).create_tags(Resources=keep, Tags=_tag_list(
-                    {T_REPLICAS: str(n_replicas), T_GEN: str(gen), T_LAST_KEY: tv}))
-        except (ClientError, EngineError) as e:
-            return result(LaunchStatus.FAILED, reason=_aws_reason(e) if isinstance(e, ClientError) else str(e))
-        self._log.info("aws.scale", job=job_id, rank=rank_id, key=key, replicas=n_replicas, added=add,
-                       removed=len(drop) + len(retire) * bool(wait), drain_s=wait)
-        return result(LaunchStatus.LAUNCHED, n_replicas)
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
                  handover: bool = False) -> bool:
@@ -339,6 +299,39 @@ class Ec2Fleet(RankReads):
         return took
 
     # ---- EC2 ------------------------------------------------------------------------------------
+    # the cloud's side of RankReads.scale
+    def _rank_listing(self, rank_id: str) -> list[dict[str, Any]]:
+        return self._describe_all({T_RANK: rank_id}, None)
+
+    def _meta(self, inst: Mapping[str, Any]) -> dict[str, str]:
+        return _tags(inst)
+
+    def _staying(self, inst: Mapping[str, Any]) -> bool:
+        return _state(inst) in PRESENT
+
+    def _groups(self, insts: list[dict[str, Any]]) -> _Rank:
+        return _Rank(insts)
+
+    def _ident(self, inst: Mapping[str, Any]) -> str:
+        return inst["InstanceId"]
+
+    def _stored(self, key: str) -> str:
+        return tag_value(key)
+
+    def _free_in(self, pool: Pool) -> int:
+        return self._free(pool)
+
+    def _release(self, pool: Pool, insts: list[dict[str, Any]]) -> None:
+        self._terminate(pool.env.region, sorted(i["InstanceId"] for i in insts))
+
+    def _mark(self, pool: Pool, insts: list[dict[str, Any]], updates: Mapping[str, str]) -> None:
+        if insts:  # EC2 refuses create_tags on no resources
+            self._client(pool.env.region).create_tags(Resources=sorted(i["InstanceId"] for i in insts),
+                                                      Tags=_tag_list(updates))
+
+    def _reason(self, e: Exception) -> str | None:
+        return _aws_reason(e) if isinstance(e, ClientError) else str(e) if isinstance(e, EngineError) else None
+
     def _client(self, region: str) -> Any:
         if region not in self._clients:
             self._clients[region] = self._factory(region)
@@ -385,7 +378,7 @@ class Ec2Fleet(RankReads):
             self._zones[(region, zone)] = azs[0]["ZoneName"]
         return self._zones[(region, zone)]
 
-    def _run(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
+    def _create_replicas(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
              count: int, target: int, gen: int, weight: float | None, last_key: str | None = None,
              model: str | None = None) -> list[str]:
         """One all-or-nothing run_instances for ``count`` replicas (MinCount = MaxCount), then label replicas.

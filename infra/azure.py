@@ -67,7 +67,7 @@ from infra.aws import (
     tag_value,
 )
 from infra.engine import EngineError, EngineSpec, Node, script_for
-from infra.replicas import RankReads, ReplicaGroups, scale_plan
+from infra.replicas import RankReads, ReplicaGroups
 from koi.domain import Job, Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
@@ -150,6 +150,8 @@ class AzureFleet(RankReads):
     tags, Koi's win). ``telemetry`` is empty (engine metrics come from :mod:`infra.vllm_metrics`)."""
 
     CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "azure", T_JOB, T_LAUNCH_KEY, T_DRAIN
+    POOL_KEY, KEY_KEY, LAST_KEY, GEN_KEY = T_POOL, T_KEY, T_LAST_KEY, T_GEN
+    REPLICAS_KEY, RDRAIN_KEY, WEIGHT_KEY, MODEL_KEY = T_REPLICAS, T_RDRAIN, T_WEIGHT, T_MODEL
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, resource_group: str, subnet_id: str, compute: Any,
                  network: Any, ssh_public_key: str, admin_username: str = "koi",
@@ -234,7 +236,7 @@ class AzureFleet(RankReads):
             need = self._nodes(rank, pool) * rank.n_replicas
             if reason := self._shortfall(pool, need, self._free(pool, listed), f"{rank.n_replicas} replica(s)"):
                 return result(LaunchStatus.FAILED, reason=reason)
-            self._create(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
+            self._create_replicas(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
                          target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
         except HttpResponseError as e:
             return result(LaunchStatus.FAILED, reason=azure_reason(e))
@@ -243,48 +245,6 @@ class AzureFleet(RankReads):
         self._log.info("azure.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id, replicas=rank.n_replicas,
                        instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
-
-    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
-              drain_s: float | None = None) -> LaunchResult:
-        """Remove the highest-index replicas (drained, :mod:`infra.drain`; remnants of broken ones at once) or
-        create missing ones."""
-        key, tv = idempotency_key, tag_value(idempotency_key)
-        result = self._answer("scale", job_id, rank_id, key, n_replicas)
-        try:
-            listed = self._list()
-            seen = [v for v in listed if tags(v).get(T_RANK) == rank_id]
-            if any(tv in (tags(v).get(T_KEY), tags(v).get(T_LAST_KEY)) for v in seen):
-                return result(LaunchStatus.DUPLICATE, reason="already applied")
-            present = [v for v in seen if not _leaving(v) and tags(v).get(T_JOB) == job_id and T_RDRAIN not in tags(v)]
-            target = self._scale_target(present, rank_id, n_replicas, T_POOL, _Rank)
-            if isinstance(target, str):
-                return result(LaunchStatus.FAILED, reason=target)
-            r, pool = target
-            plan = scale_plan(r, n_replicas, drain_s)  # the retired drain (infra.drain); broken remnants go at once
-            retire, drop, add, wait = plan.retire, plan.drop, plan.add, plan.wait
-            if add and (reason := self._shortfall(pool, add * r.nodes, self._free(pool, listed),
-                                                  f"{add} more replica(s)")):
-                return result(LaunchStatus.FAILED, reason=reason)
-            killed = [v for x in drop for v in r.replicas[x]]
-            draining = [v for x in retire for v in r.replicas[x]] if wait else []
-            gen = int(r.head.get(T_GEN, "0")) + 1
-            self._delete(killed)
-            self._tag(draining, {T_RDRAIN: repr(self.now() + wait), T_LAST_KEY: tv})
-            if add:
-                self._create(pool, job_id, rank_id, rank_from_tags(r.head), key=key, launch_key=r.head[T_LAUNCH_KEY],
-                             base=max(r.replicas) + 1, count=add, target=n_replicas, gen=gen,
-                             weight=float(r.head[T_WEIGHT]) if T_WEIGHT in r.head else None, last_key=tv,
-                             model=r.head.get(T_MODEL))
-            gone = {v["name"] for v in killed + draining}
-            self._tag([v for v in present if v["name"] not in gone],
-                      {T_REPLICAS: str(n_replicas), T_GEN: str(gen), T_LAST_KEY: tv})
-        except HttpResponseError as e:
-            return result(LaunchStatus.FAILED, reason=azure_reason(e))
-        except EngineError as e:
-            return result(LaunchStatus.FAILED, reason=str(e))
-        self._log.info("azure.scale", job=job_id, rank=rank_id, key=key, replicas=n_replicas, added=add,
-                       removed=len(drop) + len(retire) * bool(wait), drain_s=wait)
-        return result(LaunchStatus.LAUNCHED, n_replicas)
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
                  handover: bool = False) -> bool:
@@ -321,6 +281,37 @@ class AzureFleet(RankReads):
         return True
 
     # ---- Azure ----------------------------------------------------------------------------------
+    # the cloud's side of RankReads.scale
+    def _rank_listing(self, rank_id: str) -> list[dict[str, Any]]:
+        return [v for v in self._list() if tags(v).get(T_RANK) == rank_id]
+
+    def _meta(self, inst: Mapping[str, Any]) -> dict[str, str]:
+        return tags(inst)
+
+    def _staying(self, inst: Mapping[str, Any]) -> bool:
+        return not _leaving(inst)
+
+    def _groups(self, insts: list[dict[str, Any]]) -> _Rank:
+        return _Rank(insts)
+
+    def _ident(self, inst: Mapping[str, Any]) -> str:
+        return inst["name"]
+
+    def _stored(self, key: str) -> str:
+        return tag_value(key)
+
+    def _free_in(self, pool: Pool) -> int:
+        return self._free(pool, self._list())
+
+    def _release(self, pool: Pool, insts: list[dict[str, Any]]) -> None:
+        self._delete(insts)
+
+    def _mark(self, pool: Pool, insts: list[dict[str, Any]], updates: Mapping[str, str]) -> None:
+        self._tag(insts, updates)
+
+    def _reason(self, e: Exception) -> str | None:
+        return azure_reason(e) if isinstance(e, HttpResponseError) else str(e) if isinstance(e, EngineError) else None
+
     def _list(self) -> list[dict[str, Any]]:
         """The cluster's VMs in the resource group, as ARM JSON (any state)."""
         vms = (vm.as_dict() for vm in self.compute.virtual_machines.list(self.rg, expand="instanceView"))
@@ -342,7 +333,7 @@ class AzureFleet(RankReads):
             except ResourceNotFoundError:
                 continue
 
-    def _create(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
+    def _create_replicas(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
                 count: int, target: int, gen: int, weight: float | None, last_key: str | None = None,
                 model: str | None = None) -> None:
         """Create ``count`` replicas of ``nodes`` VMs; on any refusal delete what this call made, raise. With an

@@ -74,7 +74,7 @@ from google.cloud import compute_v1
 
 from infra import drain
 from infra.engine import EngineError, EngineSpec, Node, script_for
-from infra.replicas import RankReads, ReplicaGroups, scale_plan
+from infra.replicas import RankReads, ReplicaGroups
 from koi.domain import Job, Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
 from koi.ports import LaunchResult, LaunchStatus
@@ -171,6 +171,8 @@ class GceFleet(RankReads):
     """
 
     CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "gcp", M_JOB, M_LAUNCH_KEY, M_DRAIN
+    POOL_KEY, KEY_KEY, LAST_KEY, GEN_KEY = M_POOL, M_KEY, M_LAST_KEY, M_GEN
+    REPLICAS_KEY, RDRAIN_KEY, WEIGHT_KEY, MODEL_KEY = M_REPLICAS, M_RDRAIN, M_WEIGHT, M_MODEL
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, project: str,
                  client: compute_v1.InstancesClient | None = None, image: str = DEFAULT_IMAGE,
@@ -263,7 +265,7 @@ class GceFleet(RankReads):
             need = self._nodes(rank, pool) * rank.n_replicas
             if reason := self._shortfall(pool, need, self._free(pool), f"{rank.n_replicas} replica(s)"):
                 return result(LaunchStatus.FAILED, reason=reason)
-            self._insert(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
+            self._create_replicas(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
                          target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
         except GoogleAPICallError as e:
             return result(LaunchStatus.FAILED, reason=gce_reason(e))
@@ -272,49 +274,6 @@ class GceFleet(RankReads):
         self._log.info("gcp.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id, zone=zone,
                        replicas=rank.n_replicas, instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
-
-    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
-              drain_s: float | None = None) -> LaunchResult:
-        """Remove the highest-index replicas (and remnants of broken ones) or launch missing ones."""
-        key = idempotency_key
-        result = self._answer("scale", job_id, rank_id, key, n_replicas)
-        try:
-            seen = self._list_all({L_RANK: rank_id})
-            if any(key in (md.get(M_KEY), md.get(M_LAST_KEY)) for md in map(metadata, seen)):
-                return result(LaunchStatus.DUPLICATE, reason="already applied")
-            present = [i for i in seen if i.status not in LEAVING and metadata(i).get(M_JOB) == job_id
-                       and M_RDRAIN not in metadata(i)]
-            target = self._scale_target(present, rank_id, n_replicas, M_POOL, _Rank)
-            if isinstance(target, str):
-                return result(LaunchStatus.FAILED, reason=target)
-            r, pool = target
-            plan = scale_plan(r, n_replicas, drain_s)  # the retired drain (infra.drain); broken remnants go at once
-            retire, drop, add, wait = plan.retire, plan.drop, plan.add, plan.wait
-            if add and (reason := self._shortfall(pool, add * r.nodes, self._free(pool), f"{add} more replica(s)")):
-                return result(LaunchStatus.FAILED, reason=reason)
-            killed = [i for x in drop for i in r.replicas[x]]
-            draining = [i for x in retire for i in r.replicas[x]] if wait else []
-            gen = int(r.head.get(M_GEN, "0")) + 1
-            self._delete([(_zone_of(i), i.name) for i in killed])
-            if draining:
-                self._set_metadata(draining, {M_RDRAIN: repr(self.now() + wait), M_LAST_KEY: key})
-                killed += draining
-            if add:
-                self._insert(pool, job_id, rank_id, rank_from_metadata(r.head), key=key,
-                             launch_key=r.head[M_LAUNCH_KEY], base=max(r.replicas) + 1, count=add, target=n_replicas,
-                             gen=gen, weight=float(r.head[M_WEIGHT]) if M_WEIGHT in r.head else None, last_key=key,
-                             model=r.head.get(M_MODEL))
-            gone = {i.name for i in killed}
-            # every old replica broken: the new ones carry the target themselves
-            self._set_metadata([i for i in present if i.name not in gone],
-                               {M_REPLICAS: str(n_replicas), M_GEN: str(gen), M_LAST_KEY: key})
-        except GoogleAPICallError as e:
-            return result(LaunchStatus.FAILED, reason=gce_reason(e))
-        except EngineError as e:
-            return result(LaunchStatus.FAILED, reason=str(e))
-        self._log.info("gcp.scale", job=job_id, rank=rank_id, key=key, replicas=n_replicas, added=add,
-                       removed=len(drop) + len(retire) * bool(wait), drain_s=wait)
-        return result(LaunchStatus.LAUNCHED, n_replicas)
 
     def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
                  handover: bool = False) -> bool:
@@ -350,6 +309,35 @@ class GceFleet(RankReads):
         return True
 
     # ---- GCE ------------------------------------------------------------------------------------
+    # the cloud's side of RankReads.scale
+    def _rank_listing(self, rank_id: str) -> list[compute_v1.Instance]:
+        return self._list_all({L_RANK: rank_id})
+
+    def _meta(self, inst: compute_v1.Instance) -> dict[str, str]:
+        return metadata(inst)
+
+    def _staying(self, inst: compute_v1.Instance) -> bool:
+        return inst.status not in LEAVING
+
+    def _groups(self, insts: list[compute_v1.Instance]) -> _Rank:
+        return _Rank(insts)
+
+    def _ident(self, inst: compute_v1.Instance) -> str:
+        return inst.name
+
+    def _free_in(self, pool: Pool) -> int:
+        return self._free(pool)
+
+    def _release(self, pool: Pool, insts: list[compute_v1.Instance]) -> None:
+        self._delete([(_zone_of(i), i.name) for i in insts])
+
+    def _mark(self, pool: Pool, insts: list[compute_v1.Instance], updates: Mapping[str, str]) -> None:
+        if insts:
+            self._set_metadata(insts, updates)
+
+    def _reason(self, e: Exception) -> str | None:
+        return gce_reason(e) if isinstance(e, GoogleAPICallError) else str(e) if isinstance(e, EngineError) else None
+
     @property
     def _zones(self) -> list[str]:
         return sorted({p.env.zone for p in self.pools.pools if p.env.zone not in _NO_ZONE})
@@ -401,7 +389,7 @@ class GceFleet(RankReads):
                                                     fingerprint=i.metadata.fingerprint, items=items)))
         self._wait(ops)
 
-    def _insert(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
+    def _create_replicas(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
                 count: int, target: int, gen: int, weight: float | None, last_key: str | None = None,
                 model: str | None = None) -> None:
         """Insert ``count`` replicas of ``nodes`` instances; on any failure delete what this call made, raise. With

@@ -1,5 +1,6 @@
 """A rank's cloud instances grouped by replica — the rules EC2, Compute Engine and Azure share: the grouping, a
-scale's plan, and the reads made the same way from the ranks (:class:`RankReads`).
+scale's plan, and what every executor does the same way (:class:`RankReads`: the reads, the drain record, the
+whole of ``scale``), each cloud supplying its SDK calls as small hooks.
 
 A replica is alive when all of its nodes (ceil(gpus / gpus_per_instance) instances) are up (starting or
 running), ready when all of them run; any other replica the listing still shows is broken (a node lost to a
@@ -73,6 +74,15 @@ class RankReads:
     JOB_KEY: ClassVar[str]
     LAUNCH_KEY: ClassVar[str]
     DRAIN_KEY: ClassVar[str]
+    # the record's other keys :meth:`scale` reads and writes
+    POOL_KEY: ClassVar[str]
+    KEY_KEY: ClassVar[str]
+    LAST_KEY: ClassVar[str]
+    GEN_KEY: ClassVar[str]
+    REPLICAS_KEY: ClassVar[str]
+    RDRAIN_KEY: ClassVar[str]
+    WEIGHT_KEY: ClassVar[str]
+    MODEL_KEY: ClassVar[str]
     cluster_id: str
     pools: ResourceMap
     _clock: Callable[[], float]
@@ -112,6 +122,93 @@ class RankReads:
         r = groups(present)
         pool = next((p for p in self.pools.pools if p.pool_id == r.head[pool_key]), None)
         return (r, pool) if pool is not None else f"pool {r.head[pool_key]} is not configured any more"
+
+    # ---- the cloud's side of :meth:`scale` ----------------------------------------------------------------------
+    def _rank_listing(self, rank_id: str) -> list[Any]:
+        """Every instance the cloud lists for the rank, in any state (keys outlive the instances they made)."""
+        raise NotImplementedError
+
+    def _meta(self, inst: Any) -> Mapping[str, str]:
+        """An instance's record (tags, metadata)."""
+        raise NotImplementedError
+
+    def _staying(self, inst: Any) -> bool:
+        """Not on its way out."""
+        raise NotImplementedError
+
+    def _groups(self, insts: list[Any]) -> Any:
+        """A rank's instances as :class:`ReplicaGroups` with a ``head`` record."""
+        raise NotImplementedError
+
+    def _ident(self, inst: Any) -> str:
+        raise NotImplementedError
+
+    def _stored(self, key: str) -> str:
+        """How the record holds an idempotency key."""
+        return key
+
+    def _free_in(self, pool: Pool) -> int:
+        raise NotImplementedError
+
+    def _release(self, pool: Pool, insts: list[Any]) -> None:
+        """Terminate/delete the instances now (nothing to do for none)."""
+        raise NotImplementedError
+
+    def _mark(self, pool: Pool, insts: list[Any], updates: Mapping[str, str]) -> None:
+        """Merge ``updates`` into the instances' records (nothing to do for none)."""
+        raise NotImplementedError
+
+    def _create_replicas(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str,
+                         base: int, count: int, target: int, gen: int, weight: float | None,
+                         last_key: str | None = None, model: str | None = None) -> Any:
+        raise NotImplementedError
+
+    def _reason(self, e: Exception) -> str | None:
+        """``Code: message`` of the cloud's refusal, or None when ``e`` is not one (it is raised)."""
+        raise NotImplementedError
+
+    def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
+              drain_s: float | None = None) -> LaunchResult:
+        """Remove the highest-index replicas (drained, :mod:`infra.drain`; remnants of broken ones at once) or
+        launch missing ones; the rank's target and generation go on every instance that stays."""
+        key, stored = idempotency_key, self._stored(idempotency_key)
+        result = self._answer("scale", job_id, rank_id, key, n_replicas)
+        try:
+            seen = self._rank_listing(rank_id)
+            if any(stored in (m.get(self.KEY_KEY), m.get(self.LAST_KEY)) for m in map(self._meta, seen)):
+                return result(LaunchStatus.DUPLICATE, reason="already applied")
+            present = [i for i in seen if self._staying(i) and self._meta(i).get(self.JOB_KEY) == job_id
+                       and self.RDRAIN_KEY not in self._meta(i)]
+            target = self._scale_target(present, rank_id, n_replicas, self.POOL_KEY, self._groups)
+            if isinstance(target, str):
+                return result(LaunchStatus.FAILED, reason=target)
+            r, pool = target
+            plan = scale_plan(r, n_replicas, drain_s)
+            if plan.add and (reason := self._shortfall(pool, plan.add * r.nodes, self._free_in(pool),
+                                                       f"{plan.add} more replica(s)")):
+                return result(LaunchStatus.FAILED, reason=reason)
+            killed = [i for x in plan.drop for i in r.replicas[x]]
+            draining = [i for x in plan.retire for i in r.replicas[x]] if plan.wait else []
+            gen = int(r.head.get(self.GEN_KEY, "0")) + 1
+            self._release(pool, killed)
+            self._mark(pool, draining, {self.RDRAIN_KEY: repr(self.now() + plan.wait), self.LAST_KEY: stored})
+            if plan.add:
+                weight = r.head.get(self.WEIGHT_KEY)
+                self._create_replicas(pool, job_id, rank_id, self._rank_of(r.head), key=key,
+                                      launch_key=r.head[self.LAUNCH_KEY], base=max(r.replicas) + 1, count=plan.add,
+                                      target=n_replicas, gen=gen, weight=None if weight is None else float(weight),
+                                      last_key=stored, model=r.head.get(self.MODEL_KEY))
+            gone = {self._ident(i) for i in killed + draining}
+            # every old replica broken: the new ones carry the target themselves
+            self._mark(pool, [i for i in present if self._ident(i) not in gone],
+                       {self.REPLICAS_KEY: str(n_replicas), self.GEN_KEY: str(gen), self.LAST_KEY: stored})
+        except Exception as e:
+            if (reason := self._reason(e)) is None:
+                raise
+            return result(LaunchStatus.FAILED, reason=reason)
+        self._log.info(f"{self.CLOUD}.scale", job=job_id, rank=rank_id, key=key, replicas=n_replicas, added=plan.add,
+                       removed=len(plan.drop) + len(plan.retire) * bool(plan.wait), drain_s=plan.wait)
+        return result(LaunchStatus.LAUNCHED, n_replicas)
 
     def _no_pool(self, rank: Rank) -> str:
         return (f"no pool of cluster {self.cluster_id} for env {rank.env.env_id} and instance type "
