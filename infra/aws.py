@@ -44,7 +44,6 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from infra import drain
 from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups
 from koi.domain import Job, Market, Pool, Rank, ResourceMap
@@ -142,6 +141,8 @@ class Ec2Fleet(RankReads):
     CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "aws", T_JOB, T_LAUNCH_KEY, T_DRAIN
     POOL_KEY, KEY_KEY, LAST_KEY, GEN_KEY = T_POOL, T_KEY, T_LAST_KEY, T_GEN
     REPLICAS_KEY, RDRAIN_KEY, WEIGHT_KEY, MODEL_KEY = T_REPLICAS, T_RDRAIN, T_WEIGHT, T_MODEL
+    TEARDOWN_KEY = T_TEARDOWN
+    RANK_KEY, REPLICA_KEY = T_RANK, T_REPLICA
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, client_factory: Callable[[str], Any] | None = None,
                  image_id: str = DEFAULT_IMAGE, clock: Callable[[], float] = time.time,
@@ -191,40 +192,6 @@ class Ec2Fleet(RankReads):
                 hosts.append(str(addr))
         return tuple(hosts)
 
-    def sweep(self) -> int:
-        """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
-        terminate those whose drain is over and the replicas a scale-in drained whose time is up. Returns how many
-        drains started and ranks and replicas released (the gateway re-reads its routes when it is not 0)."""
-        present = self._present()
-        ranks, now = self._ranks(present), self.now()
-        start, done = drain.sweep(drain.views(ranks, T_JOB, T_DRAIN), now)
-        due: dict[str, list[str]] = defaultdict(list)
-        replicas = set()
-        for i in present:
-            if T_RDRAIN in (t := _tags(i)) and drain.replica_due(t[T_RDRAIN], now):
-                due[i[_REGION]].append(i["InstanceId"])
-                replicas.add((t.get(T_RANK), _replica(i, t)))
-        for region, ids in due.items():
-            self._terminate(region, sorted(ids))
-        if replicas:
-            self._log.info("aws.replicas_released", replicas=len(replicas))
-        for rid, d in start.items():
-            for region, ids in self._ids_by_region(ranks[rid]).items():
-                self._client(region).create_tags(Resources=ids, Tags=_tag_list({T_DRAIN: d.encode()}))
-            self._log.info("aws.drain", rank=rid, job=ranks[rid].head[T_JOB], drain_s=d.drain_s)
-        for rid in done:
-            for region, ids in self._ids_by_region(ranks[rid]).items():
-                self._terminate(region, ids)
-            self._log.info("aws.released", rank=rid, job=ranks[rid].head[T_JOB])
-        return len(start) + len(done) + len(replicas)
-
-    @staticmethod
-    def _ids_by_region(r: _Rank) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = defaultdict(list)
-        for i in r.insts:
-            out[i[_REGION]].append(i["InstanceId"])
-        return out
-
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
         rid, key = rank.rank_id(job.job_id), idempotency_key
@@ -253,37 +220,6 @@ class Ec2Fleet(RankReads):
                        instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
 
-    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
-                 handover: bool = False) -> bool:
-        """Hand over and drain the rank (:mod:`infra.drain`), or terminate it at once when ``drain_s`` is 0
-        without a handover; a cloud error raises, so the activity retries rather than leaking paid instances."""
-        tv = tag_value(idempotency_key)
-        seen = self._describe_by_region({T_RANK: rank_id}, None)
-        if any(_tags(i).get(T_TEARDOWN) == tv for insts in seen.values() for i in insts):
-            return False
-        mark: dict[str, str] = {T_TEARDOWN: tv}
-        deferred = handover or drain_s > 0
-        if deferred:
-            ranks = self._ranks()
-            if rank_id in ranks and ranks[rank_id].head[T_JOB] != job_id:
-                return False
-            record, deferred = self._drain_mark(ranks, rank_id, self.now(), drain_s, handover)
-            if record is None:
-                return False
-            mark.update(record)
-        gone = 0
-        for region, insts in seen.items():
-            ids = [i["InstanceId"] for i in insts if _state(i) in PRESENT and _tags(i).get(T_JOB) == job_id]
-            if ids:
-                self._client(region).create_tags(Resources=ids, Tags=_tag_list(mark))
-                if not deferred:
-                    self._terminate(region, ids)
-                gone += len(ids)
-        if gone:
-            self._log.info("aws.teardown", job=job_id, rank=rank_id, key=idempotency_key, instances=gone,
-                           drain_s=drain_s, handover=handover)
-        return gone > 0
-
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
         tv = tag_value(idempotency_key)
         took = False
@@ -299,9 +235,13 @@ class Ec2Fleet(RankReads):
         return took
 
     # ---- EC2 ------------------------------------------------------------------------------------
-    # the cloud's side of RankReads.scale
+    # the cloud's side of RankReads.scale, .teardown and .sweep
+    def _fleet_listing(self) -> list[Any]:
+        return self._present()
+
     def _rank_listing(self, rank_id: str) -> list[dict[str, Any]]:
-        return self._describe_all({T_RANK: rank_id}, None)
+        return [{**i, _REGION: region} for region, insts in self._describe_by_region({T_RANK: rank_id}, None).items()
+                for i in insts]
 
     def _meta(self, inst: Mapping[str, Any]) -> dict[str, str]:
         return _tags(inst)
@@ -321,13 +261,20 @@ class Ec2Fleet(RankReads):
     def _free_in(self, pool: Pool) -> int:
         return self._free(pool)
 
-    def _release(self, pool: Pool, insts: list[dict[str, Any]]) -> None:
-        self._terminate(pool.env.region, sorted(i["InstanceId"] for i in insts))
+    @staticmethod
+    def _ids_by_region(insts: list[dict[str, Any]]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = defaultdict(list)
+        for i in insts:
+            out[i[_REGION]].append(i["InstanceId"])
+        return {region: sorted(ids) for region, ids in out.items()}
 
-    def _mark(self, pool: Pool, insts: list[dict[str, Any]], updates: Mapping[str, str]) -> None:
-        if insts:  # EC2 refuses create_tags on no resources
-            self._client(pool.env.region).create_tags(Resources=sorted(i["InstanceId"] for i in insts),
-                                                      Tags=_tag_list(updates))
+    def _release(self, insts: list[dict[str, Any]]) -> None:
+        for region, ids in self._ids_by_region(insts).items():
+            self._terminate(region, ids)
+
+    def _mark(self, insts: list[dict[str, Any]], updates: Mapping[str, str]) -> None:
+        for region, ids in self._ids_by_region(insts).items():  # none: no call (EC2 refuses empty Resources)
+            self._client(region).create_tags(Resources=ids, Tags=_tag_list(updates))
 
     def _reason(self, e: Exception) -> str | None:
         return _aws_reason(e) if isinstance(e, ClientError) else str(e) if isinstance(e, EngineError) else None

@@ -41,7 +41,6 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
-from infra import drain
 from infra.aws import (
     T_BASE,
     T_CLUSTER,
@@ -152,6 +151,8 @@ class AzureFleet(RankReads):
     CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "azure", T_JOB, T_LAUNCH_KEY, T_DRAIN
     POOL_KEY, KEY_KEY, LAST_KEY, GEN_KEY = T_POOL, T_KEY, T_LAST_KEY, T_GEN
     REPLICAS_KEY, RDRAIN_KEY, WEIGHT_KEY, MODEL_KEY = T_REPLICAS, T_RDRAIN, T_WEIGHT, T_MODEL
+    TEARDOWN_KEY = T_TEARDOWN
+    RANK_KEY, REPLICA_KEY = T_RANK, T_REPLICA
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, resource_group: str, subnet_id: str, compute: Any,
                  network: Any, ssh_public_key: str, admin_username: str = "koi",
@@ -203,22 +204,6 @@ class AzureFleet(RankReads):
                 hosts.append(str(ip))
         return tuple(hosts)
 
-    def sweep(self) -> int:
-        """Move torn-down ranks on (:mod:`infra.drain`); returns how many drains started and ranks and replicas
-        were released (the gateway re-reads its routes when it is not 0)."""
-        listed = self._list()
-        ranks, now = self._ranks(listed), self.now()
-        start, done = drain.sweep(drain.views(ranks, T_JOB, T_DRAIN), now)
-        due = [v for v in listed if not _leaving(v) and T_RDRAIN in (t := tags(v)) and drain.replica_due(t[T_RDRAIN], now)]
-        replicas = {(tags(v).get(T_RANK), tags(v).get(T_REPLICA)) for v in due}
-        self._delete(due)
-        for rid, d in start.items():
-            self._tag(ranks[rid].insts, {T_DRAIN: d.encode()})
-        for rid in done:
-            self._delete(ranks[rid].insts)
-            self._log.info("azure.released", rank=rid, job=ranks[rid].head[T_JOB])
-        return len(start) + len(done) + len(replicas)
-
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
         rid, key = rank.rank_id(job.job_id), idempotency_key
@@ -246,31 +231,6 @@ class AzureFleet(RankReads):
                        instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
 
-    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
-                 handover: bool = False) -> bool:
-        """Hand over and drain the rank (:mod:`infra.drain`), or delete it at once when ``drain_s`` is 0 without a
-        handover; Azure's errors raise, so the activity retries rather than leaking paid VMs."""
-        tv = tag_value(idempotency_key)
-        listed = self._list()
-        seen = [v for v in listed if tags(v).get(T_RANK) == rank_id]
-        if any(tags(v).get(T_TEARDOWN) == tv for v in seen):
-            return False
-        mine = [v for v in seen if not _leaving(v) and tags(v).get(T_JOB) == job_id]
-        mark = {T_TEARDOWN: tv}
-        deferred = bool(mine) and (handover or drain_s > 0)
-        if deferred:
-            record, deferred = self._drain_mark(self._ranks(listed), rank_id, self.now(), drain_s, handover)
-            if record is None:
-                return False
-            mark.update(record)
-        if mine:
-            self._tag(mine, mark)
-            if not deferred:
-                self._delete(mine)
-            self._log.info("azure.teardown", job=job_id, rank=rank_id, key=idempotency_key, instances=len(mine),
-                           drain_s=drain_s, handover=handover)
-        return bool(mine)
-
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
         tv = tag_value(idempotency_key)
         mine = [v for v in self._list() if tags(v).get(T_RANK) == rank_id and tags(v).get(T_JOB) == job_id and _up(v)]
@@ -281,7 +241,10 @@ class AzureFleet(RankReads):
         return True
 
     # ---- Azure ----------------------------------------------------------------------------------
-    # the cloud's side of RankReads.scale
+    # the cloud's side of RankReads.scale, .teardown and .sweep
+    def _fleet_listing(self) -> list[Any]:
+        return self._list()
+
     def _rank_listing(self, rank_id: str) -> list[dict[str, Any]]:
         return [v for v in self._list() if tags(v).get(T_RANK) == rank_id]
 
@@ -303,10 +266,10 @@ class AzureFleet(RankReads):
     def _free_in(self, pool: Pool) -> int:
         return self._free(pool, self._list())
 
-    def _release(self, pool: Pool, insts: list[dict[str, Any]]) -> None:
+    def _release(self, insts: list[dict[str, Any]]) -> None:
         self._delete(insts)
 
-    def _mark(self, pool: Pool, insts: list[dict[str, Any]], updates: Mapping[str, str]) -> None:
+    def _mark(self, insts: list[dict[str, Any]], updates: Mapping[str, str]) -> None:
         self._tag(insts, updates)
 
     def _reason(self, e: Exception) -> str | None:

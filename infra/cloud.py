@@ -191,7 +191,8 @@ def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callabl
         if not spec.project:
             raise FleetError("the gcp world needs 'project' in the fleet file")
         kw = {"image": spec.image_id} if spec.image_id else {}
-        return GceFleet(cluster_id, spec.resources, project=spec.project, client=client or gce_client(spec.endpoint_url),
+        return GceFleet(cluster_id, spec.resources, project=spec.project,
+                        client=client or gce_client(spec.endpoint_url),
                         clock=clock, insert_args=spec.run_args, engine=spec.engine, engine_port=spec.metrics_port,
                         **kw)
     if cloud == "azure":

@@ -135,7 +135,9 @@ def start_script(cluster_id: str, job_id: str, rank_id: str, model_name: str, ra
     for a replica over several instances, a Ray cluster: node 0 starts its head, waits for the others' GPUs and
     serves; the others join it."""
     multi = node is not None and node.count > 1
-    args = vllm_args(job_id, model_name, rank, port, spec) + (["--distributed-executor-backend", "ray"] if multi else [])
+    args = vllm_args(job_id, model_name, rank, port, spec)
+    if multi:
+        args += ["--distributed-executor-backend", "ray"]
     env = {"KOI_CLUSTER": cluster_id, "KOI_JOB": job_id, "KOI_RANK": rank_id, "KOI_MODEL": model_name,
            "KOI_ENGINE_VERSION": rank.config.engine_version}
     lines = ["#!/bin/bash", f"# written by Koi for job {job_id}, rank {rank_id} (infra/engine.py)", "set -euo pipefail",

@@ -101,7 +101,8 @@ def nginx_conf(table: RouteTable, jobs: Sequence[str] = ()) -> tuple[str, str]:
         ups += [f"    server {b.address} weight={b.weight};  # {b.rank_id}\n" for b in backends]
         ups.append("    keepalive 32;\n}\n")
         locs.append(f"location /{job}/ {{\n    proxy_pass http://{name}/;\n    proxy_http_version 1.1;\n"
-                    f"    proxy_set_header Connection \"\";\n    proxy_buffering off;\n    proxy_read_timeout 3600s;\n}}\n")
+                    f"    proxy_set_header Connection \"\";\n    proxy_buffering off;\n"
+                    f"    proxy_read_timeout 3600s;\n}}\n")
     for job in sorted(set(jobs) - set(table.jobs)):
         locs.append(f"location /{job}/ {{\n    add_header Retry-After 15 always;\n    return 503;\n}}\n")
     return "".join(ups), "".join(locs)

@@ -72,7 +72,6 @@ from typing import Any
 from google.api_core.exceptions import DeadlineExceeded, GoogleAPICallError, NotFound
 from google.cloud import compute_v1
 
-from infra import drain
 from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups
 from koi.domain import Job, Market, Pool, Rank, ResourceMap
@@ -173,6 +172,8 @@ class GceFleet(RankReads):
     CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "gcp", M_JOB, M_LAUNCH_KEY, M_DRAIN
     POOL_KEY, KEY_KEY, LAST_KEY, GEN_KEY = M_POOL, M_KEY, M_LAST_KEY, M_GEN
     REPLICAS_KEY, RDRAIN_KEY, WEIGHT_KEY, MODEL_KEY = M_REPLICAS, M_RDRAIN, M_WEIGHT, M_MODEL
+    TEARDOWN_KEY = M_TEARDOWN
+    RANK_KEY, REPLICA_KEY = M_RANK, M_REPLICA
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, project: str,
                  client: compute_v1.InstancesClient | None = None, image: str = DEFAULT_IMAGE,
@@ -225,27 +226,6 @@ class GceFleet(RankReads):
                 hosts.append(str(addr))
         return tuple(hosts)
 
-    def sweep(self) -> int:
-        """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves,
-        delete those whose drain is over and the replicas a scale-in drained whose time is up. Returns how many
-        drains started and ranks and replicas released (the gateway re-reads its routes when it is not 0)."""
-        listed = self._list_all({})
-        ranks, now = self._ranks(listed), self.now()
-        start, done = drain.sweep(drain.views(ranks, M_JOB, M_DRAIN), now)
-        due = [i for i in listed if i.status not in LEAVING and M_RDRAIN in (md := metadata(i))
-               and drain.replica_due(md[M_RDRAIN], now)]
-        replicas = {(metadata(i).get(M_RANK), metadata(i).get(M_REPLICA)) for i in due}
-        if due:
-            self._delete([(_zone_of(i), i.name) for i in due])
-            self._log.info("gcp.replicas_released", replicas=len(replicas))
-        for rid, d in start.items():
-            self._set_metadata(ranks[rid].insts, {M_DRAIN: d.encode()})
-            self._log.info("gcp.drain", rank=rid, job=ranks[rid].head[M_JOB], drain_s=d.drain_s)
-        for rid in done:
-            self._delete([(_zone_of(i), i.name) for i in ranks[rid].insts])
-            self._log.info("gcp.released", rank=rid, job=ranks[rid].head[M_JOB])
-        return len(start) + len(done) + len(replicas)
-
     # ---- Executor -------------------------------------------------------------------------------
     def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
         rid, key = rank.rank_id(job.job_id), idempotency_key
@@ -275,30 +255,6 @@ class GceFleet(RankReads):
                        replicas=rank.n_replicas, instances=need)
         return result(LaunchStatus.LAUNCHED, rank.n_replicas)
 
-    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
-                 handover: bool = False) -> bool:
-        """Mark the rank's instances with the key, then hand over and drain (:mod:`infra.drain`), or delete them
-        at once when ``drain_s`` is 0 without a handover; a cloud error raises, so the activity retries rather than
-        leaking paid instances."""
-        seen = self._list_all({L_RANK: rank_id})
-        if any(metadata(i).get(M_TEARDOWN) == idempotency_key for i in seen):
-            return False
-        mine = [i for i in seen if i.status not in LEAVING and metadata(i).get(M_JOB) == job_id]
-        mark = {M_TEARDOWN: idempotency_key}
-        deferred = bool(mine) and (handover or drain_s > 0)
-        if deferred:
-            record, deferred = self._drain_mark(self._ranks(), rank_id, self.now(), drain_s, handover)
-            if record is None:
-                return False
-            mark.update(record)
-        if mine:
-            self._set_metadata(mine, mark)
-            if not deferred:
-                self._delete([(_zone_of(i), i.name) for i in mine])
-            self._log.info("gcp.teardown", job=job_id, rank=rank_id, key=idempotency_key, instances=len(mine),
-                           drain_s=drain_s, handover=handover)
-        return bool(mine)
-
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
         mine = [i for i in self._list_all({L_RANK: rank_id}) if i.status in UP and metadata(i).get(M_JOB) == job_id]
         if not any(i.status == "RUNNING" for i in mine) or any(
@@ -309,7 +265,10 @@ class GceFleet(RankReads):
         return True
 
     # ---- GCE ------------------------------------------------------------------------------------
-    # the cloud's side of RankReads.scale
+    # the cloud's side of RankReads.scale, .teardown and .sweep
+    def _fleet_listing(self) -> list[Any]:
+        return self._list_all({})
+
     def _rank_listing(self, rank_id: str) -> list[compute_v1.Instance]:
         return self._list_all({L_RANK: rank_id})
 
@@ -328,10 +287,10 @@ class GceFleet(RankReads):
     def _free_in(self, pool: Pool) -> int:
         return self._free(pool)
 
-    def _release(self, pool: Pool, insts: list[compute_v1.Instance]) -> None:
+    def _release(self, insts: list[compute_v1.Instance]) -> None:
         self._delete([(_zone_of(i), i.name) for i in insts])
 
-    def _mark(self, pool: Pool, insts: list[compute_v1.Instance], updates: Mapping[str, str]) -> None:
+    def _mark(self, insts: list[compute_v1.Instance], updates: Mapping[str, str]) -> None:
         if insts:
             self._set_metadata(insts, updates)
 

@@ -127,7 +127,8 @@ class PrometheusTelemetry:
             what = body.get("error") if isinstance(body, dict) else body
             raise ValueError(f"HTTP {r.status_code}: {what!r}"[:300])
         data = body.get("data")
-        if not isinstance(data, dict) or data.get("resultType") != result_type or not isinstance(data.get("result"), list):
+        if (not isinstance(data, dict) or data.get("resultType") != result_type
+                or not isinstance(data.get("result"), list)):
             raise ValueError(f"expected a {result_type}, got {str(data)[:200]}")
         return data["result"]
 

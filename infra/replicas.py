@@ -1,6 +1,6 @@
 """A rank's cloud instances grouped by replica — the rules EC2, Compute Engine and Azure share: the grouping, a
-scale's plan, and what every executor does the same way (:class:`RankReads`: the reads, the drain record, the
-whole of ``scale``), each cloud supplying its SDK calls as small hooks.
+scale's plan, and what every executor does the same way (:class:`RankReads`: the reads, ``scale``, ``teardown`` and
+the drain ``sweep``), each cloud supplying its SDK calls as small hooks.
 
 A replica is alive when all of its nodes (ceil(gpus / gpus_per_instance) instances) are up (starting or
 running), ready when all of them run; any other replica the listing still shows is broken (a node lost to a
@@ -83,6 +83,9 @@ class RankReads:
     RDRAIN_KEY: ClassVar[str]
     WEIGHT_KEY: ClassVar[str]
     MODEL_KEY: ClassVar[str]
+    TEARDOWN_KEY: ClassVar[str]
+    RANK_KEY: ClassVar[str]
+    REPLICA_KEY: ClassVar[str]
     cluster_id: str
     pools: ResourceMap
     _clock: Callable[[], float]
@@ -124,6 +127,34 @@ class RankReads:
         return (r, pool) if pool is not None else f"pool {r.head[pool_key]} is not configured any more"
 
     # ---- the cloud's side of :meth:`scale` ----------------------------------------------------------------------
+    def _fleet_listing(self) -> list[Any]:
+        """The cluster's instances not on their way out."""
+        raise NotImplementedError
+
+    def _ranks(self, listed: list[Any] | None = None) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    def sweep(self) -> int:
+        """Move torn-down ranks on (:mod:`infra.drain`): start the drain of those whose replacement serves, release
+        those whose drain is over and the replicas a scale-in drained whose time is up. Returns how many drains
+        started and ranks and replicas were released (the gateway re-reads its routes when it is not 0)."""
+        listed = self._fleet_listing()
+        ranks, now = self._ranks(listed), self.now()
+        start, done = drain.sweep(drain.views(ranks, self.JOB_KEY, self.DRAIN_KEY), now)
+        due = [i for i in listed if self._staying(i) and self.RDRAIN_KEY in (m := self._meta(i))
+               and drain.replica_due(m[self.RDRAIN_KEY], now)]
+        replicas = {(self._meta(i).get(self.RANK_KEY), self._meta(i).get(self.REPLICA_KEY)) for i in due}
+        self._release(due)
+        if replicas:
+            self._log.info(f"{self.CLOUD}.replicas_released", replicas=len(replicas))
+        for rid, d in start.items():
+            self._mark(ranks[rid].insts, {self.DRAIN_KEY: d.encode()})
+            self._log.info(f"{self.CLOUD}.drain", rank=rid, job=ranks[rid].head[self.JOB_KEY], drain_s=d.drain_s)
+        for rid in done:
+            self._release(ranks[rid].insts)
+            self._log.info(f"{self.CLOUD}.released", rank=rid, job=ranks[rid].head[self.JOB_KEY])
+        return len(start) + len(done) + len(replicas)
+
     def _rank_listing(self, rank_id: str) -> list[Any]:
         """Every instance the cloud lists for the rank, in any state (keys outlive the instances they made)."""
         raise NotImplementedError
@@ -150,11 +181,11 @@ class RankReads:
     def _free_in(self, pool: Pool) -> int:
         raise NotImplementedError
 
-    def _release(self, pool: Pool, insts: list[Any]) -> None:
+    def _release(self, insts: list[Any]) -> None:
         """Terminate/delete the instances now (nothing to do for none)."""
         raise NotImplementedError
 
-    def _mark(self, pool: Pool, insts: list[Any], updates: Mapping[str, str]) -> None:
+    def _mark(self, insts: list[Any], updates: Mapping[str, str]) -> None:
         """Merge ``updates`` into the instances' records (nothing to do for none)."""
         raise NotImplementedError
 
@@ -190,8 +221,8 @@ class RankReads:
             killed = [i for x in plan.drop for i in r.replicas[x]]
             draining = [i for x in plan.retire for i in r.replicas[x]] if plan.wait else []
             gen = int(r.head.get(self.GEN_KEY, "0")) + 1
-            self._release(pool, killed)
-            self._mark(pool, draining, {self.RDRAIN_KEY: repr(self.now() + plan.wait), self.LAST_KEY: stored})
+            self._release(killed)
+            self._mark(draining, {self.RDRAIN_KEY: repr(self.now() + plan.wait), self.LAST_KEY: stored})
             if plan.add:
                 weight = r.head.get(self.WEIGHT_KEY)
                 self._create_replicas(pool, job_id, rank_id, self._rank_of(r.head), key=key,
@@ -200,7 +231,7 @@ class RankReads:
                                       last_key=stored, model=r.head.get(self.MODEL_KEY))
             gone = {self._ident(i) for i in killed + draining}
             # every old replica broken: the new ones carry the target themselves
-            self._mark(pool, [i for i in present if self._ident(i) not in gone],
+            self._mark([i for i in present if self._ident(i) not in gone],
                        {self.REPLICAS_KEY: str(n_replicas), self.GEN_KEY: str(gen), self.LAST_KEY: stored})
         except Exception as e:
             if (reason := self._reason(e)) is None:
@@ -209,6 +240,31 @@ class RankReads:
         self._log.info(f"{self.CLOUD}.scale", job=job_id, rank=rank_id, key=key, replicas=n_replicas, added=plan.add,
                        removed=len(plan.drop) + len(plan.retire) * bool(plan.wait), drain_s=plan.wait)
         return result(LaunchStatus.LAUNCHED, n_replicas)
+
+    def teardown(self, job_id: str, rank_id: str, idempotency_key: str, *, drain_s: float = 0.0,
+                 handover: bool = False) -> bool:
+        """Mark the rank's instances with the key, then hand over and drain (:mod:`infra.drain`), or release them at
+        once when ``drain_s`` is 0 without a handover. False for a repeated key, a rank not running or one already
+        leaving. A cloud error raises, so the activity retries rather than leaking paid instances."""
+        stored = self._stored(idempotency_key)
+        seen = self._rank_listing(rank_id)
+        if any(self._meta(i).get(self.TEARDOWN_KEY) == stored for i in seen):
+            return False
+        mine = [i for i in seen if self._staying(i) and self._meta(i).get(self.JOB_KEY) == job_id]
+        if not mine:
+            return False
+        mark, deferred = {self.TEARDOWN_KEY: stored}, handover or drain_s > 0
+        if deferred:
+            record, deferred = self._drain_mark(self._ranks(), rank_id, self.now(), drain_s, handover)
+            if record is None:
+                return False
+            mark.update(record)
+        self._mark(mine, mark)
+        if not deferred:
+            self._release(mine)
+        self._log.info(f"{self.CLOUD}.teardown", job=job_id, rank=rank_id, key=idempotency_key, instances=len(mine),
+                       drain_s=drain_s, handover=handover)
+        return True
 
     def _no_pool(self, rank: Rank) -> str:
         return (f"no pool of cluster {self.cluster_id} for env {rank.env.env_id} and instance type "
@@ -220,9 +276,6 @@ class RankReads:
         if free >= need:
             return None
         return f"pool {pool.pool_id}: {what} need {need} instance(s), {free} of {pool.total_instances} free"
-
-    def _ranks(self) -> Mapping[str, Any]:
-        raise NotImplementedError
 
     def _hosts(self, r: Any) -> tuple[str, ...]:
         raise NotImplementedError
