@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import time
 from collections import Counter, defaultdict
@@ -46,9 +45,8 @@ from botocore.exceptions import ClientError
 
 from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups
-from koi.domain import Job, Market, Pool, Rank, ResourceMap
+from koi.domain import Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
-from koi.ports import LaunchResult, LaunchStatus
 
 #: Deep Learning Base OSS Nvidia Driver GPU AMI, resolved by EC2 in whichever region it launches.
 DEFAULT_IMAGE = ("resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
@@ -193,33 +191,6 @@ class Ec2Fleet(RankReads):
         return tuple(hosts)
 
     # ---- Executor -------------------------------------------------------------------------------
-    def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
-        rid, key = rank.rank_id(job.job_id), idempotency_key
-        result = self._answer("launch", job.job_id, rid, key, rank.n_replicas)
-        pool = self.pools.pool_for(rank)
-        if pool is None:
-            return result(LaunchStatus.FAILED, reason=self._no_pool(rank))
-        region = pool.env.region
-        if region in _NO_ZONE:
-            return result(LaunchStatus.FAILED, reason=f"pool {pool.pool_id} names no region to launch in")
-        try:
-            prior = self._describe(region, {T_KEY: tag_value(key)}, None)
-            if prior:
-                done = {_replica(i, _tags(i)) for i in prior}
-                return result(LaunchStatus.DUPLICATE, len(done), "already applied")
-            if self._describe(region, {T_RANK: rid}, PRESENT):
-                return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
-            need = self._nodes(rank, pool) * rank.n_replicas
-            if reason := self._shortfall(pool, need, self._free(pool), f"{rank.n_replicas} replica(s)"):
-                return result(LaunchStatus.FAILED, reason=reason)
-            self._create_replicas(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
-                      target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
-        except (ClientError, EngineError) as e:
-            return result(LaunchStatus.FAILED, reason=_aws_reason(e) if isinstance(e, ClientError) else str(e))
-        self._log.info("aws.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id, replicas=rank.n_replicas,
-                       instances=need)
-        return result(LaunchStatus.LAUNCHED, rank.n_replicas)
-
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
         tv = tag_value(idempotency_key)
         took = False
@@ -235,7 +206,19 @@ class Ec2Fleet(RankReads):
         return took
 
     # ---- EC2 ------------------------------------------------------------------------------------
-    # the cloud's side of RankReads.scale, .teardown and .sweep
+    # the cloud's side of RankReads.launch, .scale, .teardown and .sweep
+    def _unplaceable(self, pool: Pool) -> str | None:
+        return f"pool {pool.pool_id} names no region to launch in" if pool.env.region in _NO_ZONE else None
+
+    def _keyed(self, pool: Pool, stored: str) -> list[dict[str, Any]]:
+        return self._describe(pool.env.region, {T_KEY: stored}, None)
+
+    def _rank_in(self, pool: Pool, rank_id: str) -> list[dict[str, Any]]:
+        return self._describe(pool.env.region, {T_RANK: rank_id}, None)
+
+    def _replica_index(self, inst: Mapping[str, Any]) -> str:
+        return str(_replica(inst, _tags(inst)))  # a node that died before its replica tag: from its launch index
+
     def _fleet_listing(self) -> list[Any]:
         return self._present()
 
@@ -374,10 +357,6 @@ class Ec2Fleet(RankReads):
             client.create_tags(Resources=[i["InstanceId"] for i in group], Tags=_tag_list(label))
         return [i["InstanceId"] for i in insts]
 
-    # ---- pools ----------------------------------------------------------------------------------
-    @staticmethod
-    def _nodes(rank: Rank, pool: Pool) -> int:
-        return math.ceil(rank.config.gpus / pool.gpus_per_instance)
 
 
 def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
@@ -67,9 +66,8 @@ from infra.aws import (
 )
 from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups
-from koi.domain import Job, Market, Pool, Rank, ResourceMap
+from koi.domain import Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
-from koi.ports import LaunchResult, LaunchStatus
 
 #: Azure's HPC image for Ubuntu 22.04 (NVIDIA drivers, CUDA, InfiniBand), as an image reference.
 DEFAULT_IMAGE = {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204", "version": "latest"}
@@ -205,32 +203,6 @@ class AzureFleet(RankReads):
         return tuple(hosts)
 
     # ---- Executor -------------------------------------------------------------------------------
-    def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
-        rid, key = rank.rank_id(job.job_id), idempotency_key
-        result = self._answer("launch", job.job_id, rid, key, rank.n_replicas)
-        pool = self.pools.pool_for(rank)
-        if pool is None:
-            return result(LaunchStatus.FAILED, reason=self._no_pool(rank))
-        try:
-            listed = self._list()
-            prior = [v for v in listed if tags(v).get(T_KEY) == tag_value(key)]
-            if prior:
-                return result(LaunchStatus.DUPLICATE, len({tags(v)[T_REPLICA] for v in prior}), "already applied")
-            if any(tags(v).get(T_RANK) == rid and not _leaving(v) for v in listed):
-                return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
-            need = self._nodes(rank, pool) * rank.n_replicas
-            if reason := self._shortfall(pool, need, self._free(pool, listed), f"{rank.n_replicas} replica(s)"):
-                return result(LaunchStatus.FAILED, reason=reason)
-            self._create_replicas(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
-                         target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
-        except HttpResponseError as e:
-            return result(LaunchStatus.FAILED, reason=azure_reason(e))
-        except EngineError as e:
-            return result(LaunchStatus.FAILED, reason=str(e))
-        self._log.info("azure.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id, replicas=rank.n_replicas,
-                       instances=need)
-        return result(LaunchStatus.LAUNCHED, rank.n_replicas)
-
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
         tv = tag_value(idempotency_key)
         mine = [v for v in self._list() if tags(v).get(T_RANK) == rank_id and tags(v).get(T_JOB) == job_id and _up(v)]
@@ -241,7 +213,13 @@ class AzureFleet(RankReads):
         return True
 
     # ---- Azure ----------------------------------------------------------------------------------
-    # the cloud's side of RankReads.scale, .teardown and .sweep
+    # the cloud's side of RankReads.launch, .scale, .teardown and .sweep
+    def _keyed(self, pool: Pool, stored: str) -> list[dict[str, Any]]:
+        return [v for v in self._list() if tags(v).get(T_KEY) == stored]
+
+    def _rank_in(self, pool: Pool, rank_id: str) -> list[dict[str, Any]]:
+        return self._rank_listing(rank_id)
+
     def _fleet_listing(self) -> list[Any]:
         return self._list()
 
@@ -357,6 +335,3 @@ class AzureFleet(RankReads):
             body["zones"] = [pool.env.zone]
         return body
 
-    @staticmethod
-    def _nodes(rank: Rank, pool: Pool) -> int:
-        return math.ceil(rank.config.gpus / pool.gpus_per_instance)

@@ -61,7 +61,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import re
 import time
 import uuid
@@ -74,9 +73,8 @@ from google.cloud import compute_v1
 
 from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups
-from koi.domain import Job, Market, Pool, Rank, ResourceMap
+from koi.domain import Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
-from koi.ports import LaunchResult, LaunchStatus
 
 #: Google's Deep Learning VM "common" image family (CUDA 12.4 + NVIDIA driver, Debian 11; list the
 #: current families with ``gcloud compute images list --project deeplearning-platform-release``).
@@ -227,34 +225,6 @@ class GceFleet(RankReads):
         return tuple(hosts)
 
     # ---- Executor -------------------------------------------------------------------------------
-    def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
-        rid, key = rank.rank_id(job.job_id), idempotency_key
-        result = self._answer("launch", job.job_id, rid, key, rank.n_replicas)
-        pool = self.pools.pool_for(rank)
-        if pool is None:
-            return result(LaunchStatus.FAILED, reason=self._no_pool(rank))
-        zone = pool.env.zone
-        if zone in _NO_ZONE:
-            return result(LaunchStatus.FAILED, reason=f"pool {pool.pool_id} names no zone to launch in")
-        try:
-            prior = self._list(zone, {L_KEY: key})
-            if prior:
-                return result(LaunchStatus.DUPLICATE, len({metadata(i)[M_REPLICA] for i in prior}), "already applied")
-            if [i for i in self._list(zone, {L_RANK: rid}) if i.status not in LEAVING]:
-                return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
-            need = self._nodes(rank, pool) * rank.n_replicas
-            if reason := self._shortfall(pool, need, self._free(pool), f"{rank.n_replicas} replica(s)"):
-                return result(LaunchStatus.FAILED, reason=reason)
-            self._create_replicas(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
-                         target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
-        except GoogleAPICallError as e:
-            return result(LaunchStatus.FAILED, reason=gce_reason(e))
-        except EngineError as e:
-            return result(LaunchStatus.FAILED, reason=str(e))
-        self._log.info("gcp.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id, zone=zone,
-                       replicas=rank.n_replicas, instances=need)
-        return result(LaunchStatus.LAUNCHED, rank.n_replicas)
-
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:
         mine = [i for i in self._list_all({L_RANK: rank_id}) if i.status in UP and metadata(i).get(M_JOB) == job_id]
         if not any(i.status == "RUNNING" for i in mine) or any(
@@ -265,7 +235,16 @@ class GceFleet(RankReads):
         return True
 
     # ---- GCE ------------------------------------------------------------------------------------
-    # the cloud's side of RankReads.scale, .teardown and .sweep
+    # the cloud's side of RankReads.launch, .scale, .teardown and .sweep
+    def _unplaceable(self, pool: Pool) -> str | None:
+        return f"pool {pool.pool_id} names no zone to launch in" if pool.env.zone in _NO_ZONE else None
+
+    def _keyed(self, pool: Pool, stored: str) -> list[compute_v1.Instance]:
+        return self._list(pool.env.zone, {L_KEY: stored})
+
+    def _rank_in(self, pool: Pool, rank_id: str) -> list[compute_v1.Instance]:
+        return self._list(pool.env.zone, {L_RANK: rank_id})
+
     def _fleet_listing(self) -> list[Any]:
         return self._list_all({})
 
@@ -412,9 +391,6 @@ class GceFleet(RankReads):
             self._log.warning("gcp.insert.rolled_back", rank=rid, key=key, deleted=len(made))
             raise
 
-    @staticmethod
-    def _nodes(rank: Rank, pool: Pool) -> int:
-        return math.ceil(rank.config.gpus / pool.gpus_per_instance)
 
 
 def gce_reason(e: GoogleAPICallError) -> str:

@@ -1,6 +1,6 @@
 """A rank's cloud instances grouped by replica — the rules EC2, Compute Engine and Azure share: the grouping, a
-scale's plan, and what every executor does the same way (:class:`RankReads`: the reads, ``scale``, ``teardown`` and
-the drain ``sweep``), each cloud supplying its SDK calls as small hooks.
+scale's plan, and what every executor does the same way (:class:`RankReads`: the reads, ``launch``, ``scale``,
+``teardown`` and the drain ``sweep``), each cloud supplying its SDK calls as small hooks.
 
 A replica is alive when all of its nodes (ceil(gpus / gpus_per_instance) instances) are up (starting or
 running), ready when all of them run; any other replica the listing still shows is broken (a node lost to a
@@ -10,13 +10,14 @@ reclaim or a failure): ``scale`` and ``teardown`` remove its remnants. The cloud
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from infra import drain
-from koi.domain import Deployment, DeploymentState, Pool, Rank, ResourceMap, TelemetryWindow
+from koi.domain import Deployment, DeploymentState, Job, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.domain.cluster import deployment_state
 from koi.ports import LaunchResult, LaunchStatus
 
@@ -197,6 +198,55 @@ class RankReads:
     def _reason(self, e: Exception) -> str | None:
         """``Code: message`` of the cloud's refusal, or None when ``e`` is not one (it is raised)."""
         raise NotImplementedError
+
+    def _unplaceable(self, pool: Pool) -> str | None:
+        """Why nothing can be launched in the pool (a region or zone the cloud needs and the pool lacks), or None."""
+        return None
+
+    def _keyed(self, pool: Pool, stored: str) -> list[Any]:
+        """The instances (any state) of the pool's region/zone that carry the launch key ``stored``."""
+        raise NotImplementedError
+
+    def _rank_in(self, pool: Pool, rank_id: str) -> list[Any]:
+        """The rank's instances (any state) in the pool's region/zone."""
+        raise NotImplementedError
+
+    def _replica_index(self, inst: Any) -> str:
+        return self._meta(inst)[self.REPLICA_KEY]
+
+    @staticmethod
+    def _nodes(rank: Rank, pool: Pool) -> int:
+        """Instances per replica: the rank's GPUs over the pool's GPUs per instance."""
+        return math.ceil(rank.config.gpus / pool.gpus_per_instance)
+
+    def launch(self, job: Job, rank: Rank, idempotency_key: str) -> LaunchResult:
+        """Whole replicas in the rank's pool, all or nothing. DUPLICATE when an instance carries the key; FAILED (with
+        the reason, nothing launched) for no pool, a rank already running, a pool without room, or the cloud's
+        refusal; other errors raise."""
+        rid, key = rank.rank_id(job.job_id), idempotency_key
+        result = self._answer("launch", job.job_id, rid, key, rank.n_replicas)
+        pool = self.pools.pool_for(rank)
+        if pool is None:
+            return result(LaunchStatus.FAILED, reason=self._no_pool(rank))
+        if reason := self._unplaceable(pool):
+            return result(LaunchStatus.FAILED, reason=reason)
+        try:
+            if prior := self._keyed(pool, self._stored(key)):
+                return result(LaunchStatus.DUPLICATE, len({self._replica_index(i) for i in prior}), "already applied")
+            if any(self._staying(i) for i in self._rank_in(pool, rid)):
+                return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
+            need = self._nodes(rank, pool) * rank.n_replicas
+            if reason := self._shortfall(pool, need, self._free_in(pool), f"{rank.n_replicas} replica(s)"):
+                return result(LaunchStatus.FAILED, reason=reason)
+            self._create_replicas(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
+                                  target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)
+        except Exception as e:
+            if (reason := self._reason(e)) is None:
+                raise
+            return result(LaunchStatus.FAILED, reason=reason)
+        self._log.info(f"{self.CLOUD}.launch", job=job.job_id, rank=rid, key=key, pool=pool.pool_id,
+                       replicas=rank.n_replicas, instances=need)
+        return result(LaunchStatus.LAUNCHED, rank.n_replicas)
 
     def scale(self, job_id: str, rank_id: str, n_replicas: int, idempotency_key: str, *,
               drain_s: float | None = None) -> LaunchResult:
