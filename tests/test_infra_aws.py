@@ -11,7 +11,7 @@ import pytest
 
 from infra.aws import T_SPEC, Ec2Fleet, client_token, rank_from_tags, spec_tags, tag_value
 from koi.domain import ChainConfig, DeploymentState, Environment, Pool, Rank, ResourceMap
-from koi.ports import Executor, LaunchStatus, Observer
+from koi.ports import LaunchStatus
 from tests.fakes.jobs import chat_job
 
 REGION = "us-east-1"
@@ -75,13 +75,6 @@ def free(fleet: Ec2Fleet, instance_type: str = "p5.48xlarge", env: Environment =
     return fleet.capacity().pool(f"{env.env_id}/{instance_type}").free_instances
 
 
-def test_the_fleet_is_an_executor_and_an_observer(fleet):
-    assert isinstance(fleet, Executor)
-    assert isinstance(fleet, Observer)
-    assert fleet.now() == 1234.5
-    assert fleet.telemetry(0.0, 60.0, cluster_id=fleet.cluster_id, tick=1) == []
-
-
 def test_launch_runs_whole_replicas_of_the_pool_shape_with_tags(fleet, cluster, client_factory):
     rank = big(2, route_weight=3.5)
     res = fleet.launch(job(), rank, "k-launch")
@@ -127,19 +120,6 @@ def test_a_repeated_key_is_duplicate_and_launches_nothing(fleet, cluster, client
     other = fleet.launch(job(), big(1), "k-other")
     assert other.status is LaunchStatus.FAILED and "already runs" in other.reason
     assert len(instances(client_factory, cluster)) == 2
-
-
-def test_launch_beyond_the_pool_fails_naming_it_and_launches_nothing(fleet, cluster, client_factory):
-    res = fleet.launch(job(), big(4), "k-big")  # 8 instances, the pool has 6
-    assert res.status is LaunchStatus.FAILED
-    assert f"{ON_DEMAND.env_id}/p5.48xlarge" in res.reason and "8 instance(s)" in res.reason
-    assert "6 of 6 free" in res.reason
-    stray = Rank(env=ON_DEMAND, config=ChainConfig(instance_type="p4d.24xlarge"), n_replicas=1)
-    res = fleet.launch(job(), stray, "k-stray")
-    assert res.status is LaunchStatus.FAILED and "no pool" in res.reason and "p4d.24xlarge" in res.reason
-    assert instances(client_factory, cluster, live=False) == []
-    # a FAILED launch left nothing behind, so its key may try again once capacity allows
-    assert fleet.launch(job(), big(3), "k-big").status is LaunchStatus.LAUNCHED
 
 
 def test_an_aws_error_is_a_failed_launch_with_its_code(fleet, cluster, client_factory):

@@ -16,7 +16,7 @@ import pytest
 from infra.azure import AzureFleet, image_reference, rank_from_tags
 from infra.engine import EngineSpec
 from koi.domain import ChainConfig, DeploymentState, Environment, Pool, Rank, ResourceMap
-from koi.ports import Executor, LaunchStatus, Observer
+from koi.ports import LaunchStatus
 from tests.fakes.azure_server import FakeArmServer
 from tests.fakes.jobs import chat_job
 
@@ -86,12 +86,6 @@ def cluster() -> str:
 @pytest.fixture
 def fleet(arm, cluster) -> AzureFleet:
     return make_fleet(arm, cluster)
-
-
-def test_the_fleet_is_an_executor_and_an_observer(fleet):
-    assert isinstance(fleet, Executor) and isinstance(fleet, Observer)
-    assert fleet.deployments() == [] and fleet.engine_hosts() == [] and free(fleet) == 6
-    assert fleet.telemetry(0.0, 60.0, cluster_id=fleet.cluster_id, tick=1) == []
 
 
 def test_launch_creates_whole_replicas_with_tags_nics_and_disks_that_go_with_them(arm, fleet, cluster):

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from koi.domain import DeploymentState, Rank
-from koi.ports import LaunchStatus
+from koi.ports import Executor, LaunchStatus, Observer
 from tests.fakes.jobs import chat_job
 from tests.test_infra_azure import arm  # noqa: F401 - the fake ARM fixture
 
@@ -78,6 +78,26 @@ def cloud(request) -> Cloud:
 
     return Cloud(fleet, t.big, t.small, lambda: item("koi-replica"), lambda: set(item("koi-route-weight")),
                  lambda: t.free(fleet), now)
+
+
+def test_the_fleet_is_an_executor_and_an_observer_and_starts_empty(cloud: Cloud) -> None:
+    fleet = cloud.fleet
+    assert isinstance(fleet, Executor) and isinstance(fleet, Observer)
+    assert fleet.now() == 1234.5 and fleet.telemetry(0.0, 60.0, cluster_id=fleet.cluster_id, tick=1) == []
+    assert fleet.deployments() == [] and fleet.engine_hosts() == [] and fleet.routes() == [] and cloud.free() == 6
+
+
+def test_launch_beyond_the_pool_fails_naming_it_and_launches_nothing(cloud: Cloud) -> None:
+    fleet, rank = cloud.fleet, cloud.big(4)  # 8 instances, the pool has 6
+    res = fleet.launch(chat_job(), rank, "k-big")
+    assert res.status is LaunchStatus.FAILED and f"{rank.env.env_id}/{rank.config.instance_type}" in res.reason
+    assert "8 instance(s)" in res.reason and "6 of 6 free" in res.reason
+    stray = rank.model_copy(update={"config": rank.config.model_copy(update={"instance_type": "no-such-shape"})})
+    res = fleet.launch(chat_job(), stray, "k-stray")
+    assert res.status is LaunchStatus.FAILED and "no pool" in res.reason and "no-such-shape" in res.reason
+    assert cloud.replicas() == []
+    # a FAILED launch left nothing in the cloud, so its key may try again once capacity allows
+    assert fleet.launch(chat_job(), cloud.big(3), "k-big").status is LaunchStatus.LAUNCHED
 
 
 def test_scale_adds_and_removes_replicas_and_repeats_nothing(cloud: Cloud) -> None:

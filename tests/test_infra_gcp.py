@@ -27,7 +27,7 @@ from infra.gcp import (
     spec_value,
 )
 from koi.domain import ChainConfig, DeploymentState, Environment, Pool, Rank, ResourceMap
-from koi.ports import Executor, LaunchStatus, Observer
+from koi.ports import LaunchStatus
 from tests.fakes.gce_server import FakeGceServer
 from tests.fakes.jobs import chat_job
 
@@ -96,14 +96,6 @@ def free(fleet: GceFleet, instance_type: str = "a2-highgpu-8g", env: Environment
     return fleet.capacity().pool(f"{env.env_id}/{instance_type}").free_instances
 
 
-def test_the_fleet_is_an_executor_and_an_observer(fleet):
-    assert isinstance(fleet, Executor)
-    assert isinstance(fleet, Observer)
-    assert fleet.now() == 1234.5
-    assert fleet.telemetry(0.0, 60.0, cluster_id=fleet.cluster_id, tick=1) == []
-    assert fleet.deployments() == [] and fleet.engine_hosts() == [] and free(fleet) == 6
-
-
 def test_launch_inserts_whole_replicas_with_labels_and_metadata(fleet, cluster, server):
     rank = big(2, route_weight=3.5)
     res = fleet.launch(job(), rank, "k-launch/tick#1")
@@ -165,18 +157,6 @@ def test_a_repeated_key_is_duplicate_and_a_retried_insert_creates_nothing(fleet,
            for _ in range(2)]
     assert ops[0].name == ops[1].name and ops[1].result(timeout=5) is None
     assert sum(i["name"] == f"raw-{cluster}" for i in server.all_instances()) == 1
-
-
-def test_launch_beyond_the_pool_fails_naming_it_and_launches_nothing(fleet, cluster, server):
-    res = fleet.launch(job(), big(4), "k-big")  # 8 instances, the pool has 6
-    assert res.status is LaunchStatus.FAILED
-    assert f"{ON_DEMAND.env_id}/a2-highgpu-8g" in res.reason and "8 instance(s)" in res.reason
-    assert "6 of 6 free" in res.reason
-    stray = Rank(env=ON_DEMAND, config=ChainConfig(instance_type="a3-highgpu-8g"), n_replicas=1)
-    res = fleet.launch(job(), stray, "k-stray")
-    assert res.status is LaunchStatus.FAILED and "no pool" in res.reason and "a3-highgpu-8g" in res.reason
-    assert instances(server, cluster, live=False) == []
-    assert fleet.launch(job(), big(3), "k-big").status is LaunchStatus.LAUNCHED  # nothing reached GCE before
 
 
 def test_a_gce_error_is_a_failed_launch_with_its_reason_and_nothing_is_left(fleet, cluster, server):

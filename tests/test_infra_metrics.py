@@ -54,8 +54,17 @@ def test_a_tick_is_counted_timed_and_the_cluster_described():
 
 
 def test_a_failing_record_never_fails_the_activity():
+    """A recording that raises is logged with what failed, not raised; the next one still records."""
+    from structlog.testing import capture_logs
+
     m = KoiMetrics(CollectorRegistry())
-    m.record("boom", lambda: 1 / 0)  # logged, not raised
+    with capture_logs() as logs:
+        m.record("boom", lambda: 1 / 0)
+    assert [(e["event"], e["what"], e["error"]) for e in logs] == [
+        ("metrics.record_failed", "boom", "ZeroDivisionError: division by zero")]
+    m.record("observed", lambda: m.observed("c1", ObserveSummary(tick=1, t_start=0.0, t_end=1.0, n_windows=2,
+                                                                  n_samples=4)))
+    assert m.registry.get_sample_value("koi_telemetry_windows", {"cluster": "c1"}) == 2
 
 
 def test_the_metrics_are_served_for_prometheus():
