@@ -214,11 +214,12 @@ class AzureFleet(RankReads):
 
     # ---- Azure ----------------------------------------------------------------------------------
     # the cloud's side of RankReads.launch, .scale, .teardown and .sweep
-    def _keyed(self, pool: Pool, stored: str) -> list[dict[str, Any]]:
-        return [v for v in self._list() if tags(v).get(T_KEY) == stored]
-
-    def _rank_in(self, pool: Pool, rank_id: str) -> list[dict[str, Any]]:
-        return self._rank_listing(rank_id)
+    def _launch_reads(self, pool: Pool, stored: str,
+                      rank_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Callable[[], int]]:
+        """One listing of the resource group answers all three (the resource group holds every region's VMs)."""
+        listed = self._list()
+        return ([v for v in listed if tags(v).get(T_KEY) == stored],
+                [v for v in listed if tags(v).get(T_RANK) == rank_id], lambda: self._free(pool, listed))
 
     def _fleet_listing(self) -> list[Any]:
         return self._list()

@@ -211,6 +211,12 @@ class RankReads:
         """The rank's instances (any state) in the pool's region/zone."""
         raise NotImplementedError
 
+    def _launch_reads(self, pool: Pool, stored: str, rank_id: str) -> tuple[list[Any], list[Any], Callable[[], int]]:
+        """What a launch reads before it creates anything: the instances carrying its key, the rank's instances and
+        (only asked when those allow the launch) the pool's free instances. A cloud whose one listing answers all
+        three overrides this (Azure lists the resource group once)."""
+        return self._keyed(pool, stored), self._rank_in(pool, rank_id), lambda: self._free_in(pool)
+
     def _replica_index(self, inst: Any) -> str:
         return self._meta(inst)[self.REPLICA_KEY]
 
@@ -231,12 +237,13 @@ class RankReads:
         if reason := self._unplaceable(pool):
             return result(LaunchStatus.FAILED, reason=reason)
         try:
-            if prior := self._keyed(pool, self._stored(key)):
+            prior, present, free = self._launch_reads(pool, self._stored(key), rid)
+            if prior:
                 return result(LaunchStatus.DUPLICATE, len({self._replica_index(i) for i in prior}), "already applied")
-            if any(self._staying(i) for i in self._rank_in(pool, rid)):
+            if any(self._staying(i) for i in present):
                 return result(LaunchStatus.FAILED, reason=f"rank {rid} already runs")
             need = self._nodes(rank, pool) * rank.n_replicas
-            if reason := self._shortfall(pool, need, self._free_in(pool), f"{rank.n_replicas} replica(s)"):
+            if reason := self._shortfall(pool, need, free(), f"{rank.n_replicas} replica(s)"):
                 return result(LaunchStatus.FAILED, reason=reason)
             self._create_replicas(pool, job.job_id, rid, rank, key=key, launch_key=key, base=0, count=rank.n_replicas,
                                   target=rank.n_replicas, gen=1, weight=rank.route_weight, model=job.model)

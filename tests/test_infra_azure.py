@@ -121,6 +121,18 @@ def test_launch_creates_whole_replicas_with_tags_nics_and_disks_that_go_with_the
             for n in heads} == set(hosts)
 
 
+def test_a_launch_lists_the_resource_group_once(arm, fleet, cluster):
+    """The key, the rank and the pool's use come from one listing (they were three, one per question)."""
+    server = arm[0]
+    start = len(server.requests)
+    assert fleet.launch(chat_job(), big(1), "k-once").status is LaunchStatus.LAUNCHED
+    lists = [p for m, p in server.requests[start:] if m == "GET" and p.endswith("/virtualMachines")]
+    assert len(lists) == 1
+    start = len(server.requests)
+    assert fleet.launch(chat_job(), big(1), "k-once").status is LaunchStatus.DUPLICATE
+    assert [m for m, _ in server.requests[start:]] == ["GET"]
+
+
 def test_a_spot_pool_launches_spot_vms_deleted_on_eviction_and_scale_repairs(arm, fleet, cluster):
     server = arm[0]
     rank = small(3)
