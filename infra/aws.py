@@ -43,6 +43,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from infra import backstop
 from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups
 from koi.domain import Market, Pool, Rank, ResourceMap
@@ -58,7 +59,7 @@ T_KEY, T_LAUNCH_KEY, T_LAST_KEY = "koi:key", "koi:launch-key", "koi:last-key"
 T_REPLICA, T_BASE, T_NODES = "koi:replica", "koi:replica-base", "koi:nodes"
 T_REPLICAS, T_GEN, T_SPEC = "koi:replicas", "koi:gen", "koi:rank-spec"
 T_WEIGHT, T_REWEIGHT, T_TEARDOWN = "koi:route-weight", "koi:reweight-key", "koi:teardown-key"
-T_DRAIN, T_RDRAIN = "koi:drain", "koi:replica-drain-until"
+T_DRAIN, T_RDRAIN, T_RELEASE = "koi:drain", "koi:replica-drain-until", "koi:release-by"
 T_MODEL, T_HEAD = "koi:model", "koi:head"
 
 TAG_MAX = 256
@@ -139,7 +140,7 @@ class Ec2Fleet(RankReads):
     CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "aws", T_JOB, T_LAUNCH_KEY, T_DRAIN
     POOL_KEY, KEY_KEY, LAST_KEY, GEN_KEY = T_POOL, T_KEY, T_LAST_KEY, T_GEN
     REPLICAS_KEY, RDRAIN_KEY, WEIGHT_KEY, MODEL_KEY = T_REPLICAS, T_RDRAIN, T_WEIGHT, T_MODEL
-    TEARDOWN_KEY = T_TEARDOWN
+    TEARDOWN_KEY, RELEASE_KEY = T_TEARDOWN, T_RELEASE
     RANK_KEY, REPLICA_KEY = T_RANK, T_REPLICA
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, client_factory: Callable[[str], Any] | None = None,
@@ -317,8 +318,9 @@ class Ec2Fleet(RankReads):
         # one request starts every node: a node finds its index and (Koi tags it below) its head from the metadata
         node = Node(index=f"$(( $(koi_imds meta-data/ami-launch-index) % {nodes} ))" if nodes > 1 else "0",
                     count=nodes, gpus=pool.gpus_per_instance, head="$(koi_imds_wait meta-data/tags/instance/koi:head)",
-                    imds=nodes > 1)
-        script = script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, node)
+                    imds=True)
+        watch = None if self.engine is None else backstop.watchdog("aws", self.engine.log_file)
+        script = script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, node, watch)
         tags = {T_CLUSTER: self.cluster_id, T_JOB: job_id, T_RANK: rid, T_POOL: pool.pool_id,
                 T_ENV: rank.env.env_id[:TAG_MAX],
                 T_KEY: tag_value(key), T_LAUNCH_KEY: tag_value(launch_key), T_BASE: str(base), T_NODES: str(nodes),
@@ -341,9 +343,11 @@ class Ec2Fleet(RankReads):
             args["InstanceMarketOptions"] = {"MarketType": "spot"}
         if script is not None:
             args["UserData"] = script  # boto3 base64-encodes it
-            if nodes > 1:  # the nodes read koi:head from the instance metadata
-                args["MetadataOptions"] = {**dict(self.run_args.get("MetadataOptions") or {}),
-                                           "InstanceMetadataTags": "enabled"}
+            # the script reads koi:head and koi:release-by from the instance metadata; the backstop's shutdown
+            # terminates (infra/backstop.py)
+            args["MetadataOptions"] = {**dict(self.run_args.get("MetadataOptions") or {}),
+                                       "InstanceMetadataTags": "enabled"}
+            args["InstanceInitiatedShutdownBehavior"] = "terminate"
         client = self._client(pool.env.region)
         insts = client.run_instances(**args)["Instances"]
         replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)

@@ -40,6 +40,7 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
+from infra import backstop
 from infra.aws import (
     T_BASE,
     T_CLUSTER,
@@ -55,6 +56,7 @@ from infra.aws import (
     T_POOL,
     T_RANK,
     T_RDRAIN,
+    T_RELEASE,
     T_REPLICA,
     T_REPLICAS,
     T_REWEIGHT,
@@ -149,15 +151,16 @@ class AzureFleet(RankReads):
     CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "azure", T_JOB, T_LAUNCH_KEY, T_DRAIN
     POOL_KEY, KEY_KEY, LAST_KEY, GEN_KEY = T_POOL, T_KEY, T_LAST_KEY, T_GEN
     REPLICAS_KEY, RDRAIN_KEY, WEIGHT_KEY, MODEL_KEY = T_REPLICAS, T_RDRAIN, T_WEIGHT, T_MODEL
-    TEARDOWN_KEY = T_TEARDOWN
+    TEARDOWN_KEY, RELEASE_KEY = T_TEARDOWN, T_RELEASE
     RANK_KEY, REPLICA_KEY = T_RANK, T_REPLICA
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, resource_group: str, subnet_id: str, compute: Any,
                  network: Any, ssh_public_key: str, admin_username: str = "koi",
                  image: str | Mapping[str, str] = DEFAULT_IMAGE, clock: Callable[[], float] = time.time,
                  vm_args: Mapping[str, Any] | None = None, os_disk_gb: int = 256, engine: EngineSpec | None = None,
-                 engine_port: int = 8000) -> None:
+                 engine_port: int = 8000, identity: str | None = None) -> None:
         self.cluster_id, self.pools, self.rg, self.subnet_id = cluster_id, pools, resource_group, subnet_id
+        self.identity = identity
         self.compute, self.network = compute, network
         self.ssh_public_key, self.admin_username = ssh_public_key, admin_username
         self.image = image_reference(image)
@@ -285,7 +288,9 @@ class AzureFleet(RankReads):
         def script(replica: int, node: int) -> str | None:  # node 0's name resolves in the VNet (Azure DNS)
             return script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank, Node(
                 index=str(node), count=nodes, gpus=pool.gpus_per_instance,
-                head=vm_name(self.cluster_id, rid, key, gen, replica, 0)))
+                head=vm_name(self.cluster_id, rid, key, gen, replica, 0)), watch)
+
+        watch = None if self.engine is None else backstop.watchdog("azure", self.engine.log_file, self.identity)
 
         script(base, 0)  # a rank Koi cannot start fails here, before anything is created
         extra = dict(self.vm_args)
@@ -332,6 +337,8 @@ class AzureFleet(RankReads):
         if pool.env.market is Market.SPOT:
             props.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
         body: dict[str, Any] = {"location": pool.env.region, "tags": vm_tags, "properties": props}
+        if self.identity:  # the release backstop deletes the VM with it (infra/backstop.py)
+            body["identity"] = {"type": "UserAssigned", "userAssignedIdentities": {self.identity: {}}}
         if pool.env.zone not in _NO_ZONE:
             body["zones"] = [pool.env.zone]
         return body

@@ -80,6 +80,11 @@ class AzureSpec(KoiModel):
     subnet_id: str = Field(min_length=1, description="the subnet the engines' NICs join (a resource id)")
     ssh_public_key: str = Field(min_length=1, description="the admin's key; password login is off")
     admin_username: str = Field(default="koi", min_length=1)
+    identity: str | None = Field(default=None, pattern=r"(?i)^/subscriptions/.+/providers/"
+                                 r"Microsoft\.ManagedIdentity/userAssignedIdentities/[^/]+$",
+                                 description="a user-assigned managed identity's resource id, put on every VM: a VM "
+                                             "Koi drained deletes itself with it when no worker does "
+                                             "(infra/backstop.py); it needs virtualMachines/delete on the group")
 
 
 class FleetSpec(KoiModel):
@@ -206,6 +211,7 @@ def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callabl
         return AzureFleet(cluster_id, spec.resources, resource_group=spec.azure.resource_group,
                           subnet_id=spec.azure.subnet_id, compute=compute, network=network,
                           ssh_public_key=spec.azure.ssh_public_key, admin_username=spec.azure.admin_username,
+                          identity=spec.azure.identity,
                           clock=clock, vm_args=spec.run_args, engine=spec.engine, engine_port=spec.metrics_port, **kw)
     raise FleetError(f"unknown cloud {cloud!r}: aws, gcp or azure")
 

@@ -31,7 +31,9 @@ Choices (vLLM's flags as of the 0.1x/0.2x CLI; the spec names the knobs, not the
    the instance names Koi chose); EC2, whose nodes start from one request, reads its launch index and a
    ``koi:head`` tag Koi writes after the launch from the instance metadata (``InstanceMetadataTags`` enabled).
    Only vLLM is rendered; another engine is refused.
-5. ``engine_version`` is exported as ``KOI_ENGINE_VERSION`` for the prelude to act on (install or check); the
+5. Every instance also runs the release backstop's watchdog (:mod:`infra.backstop`), which releases it should Koi
+   have drained it and no worker be left to release it.
+6. ``engine_version`` is exported as ``KOI_ENGINE_VERSION`` for the prelude to act on (install or check); the
    image decides which vLLM runs.
 """
 
@@ -120,7 +122,7 @@ koi_imds_wait() {  # a value Koi writes after the launch: wait for it
 class Node:
     """Where an instance sits in its replica (choice 4). ``index``: its node index, or a shell expression that finds it
     at boot (EC2 starts a replica's nodes from one request); ``head``: a shell expression for node 0's address;
-    ``imds``: the expressions use EC2's instance metadata."""
+    ``imds``: the script reads EC2's instance metadata (these expressions, the release backstop's watchdog)."""
 
     index: str
     count: int
@@ -130,10 +132,11 @@ class Node:
 
 
 def start_script(cluster_id: str, job_id: str, rank_id: str, model_name: str, rank: Rank, port: int,
-                 spec: EngineSpec, node: Node | None = None) -> str:
-    """The instance's start-up script: the identities as environment, the prelude, then ``exec vllm serve`` — or,
-    for a replica over several instances, a Ray cluster: node 0 starts its head, waits for the others' GPUs and
-    serves; the others join it."""
+                 spec: EngineSpec, node: Node | None = None, watchdog: str | None = None) -> str:
+    """The instance's start-up script: the identities as environment, the release backstop's ``watchdog``
+    (:mod:`infra.backstop`; before the prelude, so a failing prelude leaves it running), the prelude, then ``exec
+    vllm serve`` — or, for a replica over several instances, a Ray cluster: node 0 starts its head, waits for the
+    others' GPUs and serves; the others join it."""
     multi = node is not None and node.count > 1
     args = vllm_args(job_id, model_name, rank, port, spec)
     if multi:
@@ -142,6 +145,10 @@ def start_script(cluster_id: str, job_id: str, rank_id: str, model_name: str, ra
            "KOI_ENGINE_VERSION": rank.config.engine_version}
     lines = ["#!/bin/bash", f"# written by Koi for job {job_id}, rank {rank_id} (infra/engine.py)", "set -euo pipefail",
              *(f"export {k}={shlex.quote(v)}" for k, v in env.items())]
+    if node is not None and node.imds:
+        lines.append(_IMDS)
+    if watchdog:
+        lines.append(watchdog)
     if spec.prelude.strip():
         lines.append(spec.prelude.rstrip("\n"))
     log_to = f">> {shlex.quote(spec.log_file)} 2>&1"
@@ -151,8 +158,6 @@ def start_script(cluster_id: str, job_id: str, rank_id: str, model_name: str, ra
     assert node is not None
     check = (f'import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
              f'sys.exit(0 if ray.cluster_resources().get("GPU", 0) >= {rank.config.gpus} else 1)')
-    if node.imds:
-        lines.append(_IMDS)
     lines += [
         f"NODE={node.index}",
         'if [ "$NODE" -eq 0 ]; then',
@@ -170,7 +175,7 @@ def start_script(cluster_id: str, job_id: str, rank_id: str, model_name: str, ra
 
 
 def script_for(spec: EngineSpec | None, port: int, cluster_id: str, job_id: str, rank_id: str, model_name: str | None,
-               rank: Rank, node: Node) -> str | None:
+               rank: Rank, node: Node, watchdog: str | None = None) -> str | None:
     """The start-up script of a launch or scale-up, or None to launch with the operator's own (no ``engine:`` in
     the fleet file, or a rank launched before Koi recorded its model). :class:`EngineError` for a rank that cannot
     be started (choices 2 and 3)."""
@@ -179,4 +184,4 @@ def script_for(spec: EngineSpec | None, port: int, cluster_id: str, job_id: str,
     if model_name is None:
         log.warning("engine.not_rendered", job=job_id, rank=rank_id, why="no model recorded")
         return None
-    return start_script(cluster_id, job_id, rank_id, model_name, rank, port, spec, node)
+    return start_script(cluster_id, job_id, rank_id, model_name, rank, port, spec, node, watchdog)

@@ -71,6 +71,7 @@ from typing import Any
 from google.api_core.exceptions import DeadlineExceeded, GoogleAPICallError, NotFound
 from google.cloud import compute_v1
 
+from infra import backstop
 from infra.engine import EngineError, EngineSpec, Node, script_for
 from infra.replicas import RankReads, ReplicaGroups
 from koi.domain import Market, Pool, Rank, ResourceMap
@@ -82,7 +83,7 @@ DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/com
 
 L_CLUSTER, L_RANK, L_KEY, L_POOL = "koi_cluster", "koi_rank", "koi_key", "koi_pool"  # underscores: filter-safe field names
 M_CLUSTER, M_JOB, M_RANK, M_POOL = "koi-cluster", "koi-job", "koi-rank-id", "koi-pool-id"
-M_ENV, M_DRAIN, M_RDRAIN = "koi-env", "koi-drain", "koi-replica-drain-until"
+M_ENV, M_DRAIN, M_RDRAIN, M_RELEASE = "koi-env", "koi-drain", "koi-replica-drain-until", "koi-release-by"
 M_MODEL = "koi-model"
 M_KEY, M_LAUNCH_KEY, M_LAST_KEY = "koi-key", "koi-launch-key", "koi-last-key"
 M_REPLICA, M_NODE, M_NODES = "koi-replica", "koi-node", "koi-nodes"
@@ -170,7 +171,7 @@ class GceFleet(RankReads):
     CLOUD, JOB_KEY, LAUNCH_KEY, DRAIN_KEY = "gcp", M_JOB, M_LAUNCH_KEY, M_DRAIN
     POOL_KEY, KEY_KEY, LAST_KEY, GEN_KEY = M_POOL, M_KEY, M_LAST_KEY, M_GEN
     REPLICAS_KEY, RDRAIN_KEY, WEIGHT_KEY, MODEL_KEY = M_REPLICAS, M_RDRAIN, M_WEIGHT, M_MODEL
-    TEARDOWN_KEY = M_TEARDOWN
+    TEARDOWN_KEY, RELEASE_KEY = M_TEARDOWN, M_RELEASE
     RANK_KEY, REPLICA_KEY = M_RANK, M_REPLICA
 
     def __init__(self, cluster_id: str, pools: ResourceMap, *, project: str,
@@ -337,7 +338,9 @@ class GceFleet(RankReads):
         def script(replica: int, node: int) -> str | None:  # node 0's name resolves in the VPC (zonal DNS)
             head = f"{instance_name(self.cluster_id, rid, key, gen, replica, 0)}.{zone}.c.{self.project}.internal"
             return script_for(self.engine, self.engine_port, self.cluster_id, job_id, rid, model, rank,
-                              Node(index=str(node), count=nodes, gpus=pool.gpus_per_instance, head=head))
+                              Node(index=str(node), count=nodes, gpus=pool.gpus_per_instance, head=head), watch)
+
+        watch = None if self.engine is None else backstop.watchdog("gcp", self.engine.log_file)
 
         script(base, 0)  # a rank Koi cannot start fails here, before anything is inserted
         args = dict(self.insert_args)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from infra import drain
+from infra import backstop, drain
 from koi.domain import Deployment, DeploymentState, Job, Pool, Rank, ResourceMap, TelemetryWindow
 from koi.domain.cluster import deployment_state
 from koi.ports import LaunchResult, LaunchStatus
@@ -82,6 +82,7 @@ class RankReads:
     GEN_KEY: ClassVar[str]
     REPLICAS_KEY: ClassVar[str]
     RDRAIN_KEY: ClassVar[str]
+    RELEASE_KEY: ClassVar[str]  # the release backstop's time (:mod:`infra.backstop`)
     WEIGHT_KEY: ClassVar[str]
     MODEL_KEY: ClassVar[str]
     TEARDOWN_KEY: ClassVar[str]
@@ -279,7 +280,9 @@ class RankReads:
             draining = [i for x in plan.retire for i in r.replicas[x]] if plan.wait else []
             gen = int(r.head.get(self.GEN_KEY, "0")) + 1
             self._release(killed)
-            self._mark(draining, {self.RDRAIN_KEY: repr(self.now() + plan.wait), self.LAST_KEY: stored})
+            until = self.now() + plan.wait
+            self._mark(draining, {self.RDRAIN_KEY: repr(until), self.RELEASE_KEY: backstop.replica_release_by(until),
+                                  self.LAST_KEY: stored})
             if plan.add:
                 weight = r.head.get(self.WEIGHT_KEY)
                 self._create_replicas(pool, job_id, rank_id, self._rank_of(r.head), key=key,
@@ -366,4 +369,4 @@ class RankReads:
         if rank_id not in ranks or self.DRAIN_KEY in ranks[rank_id].head:
             return None, False
         d = drain.begin(rank_id, drain.views(ranks, self.JOB_KEY, self.DRAIN_KEY), now, drain_s, handover)
-        return {self.DRAIN_KEY: d.encode()}, drain.phase(d, now) != "done"
+        return {self.DRAIN_KEY: d.encode(), self.RELEASE_KEY: backstop.release_by(d)}, drain.phase(d, now) != "done"

@@ -5,6 +5,7 @@ refusals, evictions. What every cloud must do is in tests/test_infra_fleet_contr
 from __future__ import annotations
 
 import base64
+import math
 import re
 import uuid
 from collections import Counter
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from infra.azure import AzureFleet, image_reference, rank_from_tags
+from infra.backstop import RELEASE_GRACE_S
 from infra.engine import EngineSpec
 from koi.domain import ChainConfig, DeploymentState, Environment, Pool, Rank, ResourceMap
 from koi.ports import LaunchStatus
@@ -201,12 +203,28 @@ def test_the_engine_start_script_rides_in_custom_data(arm, cluster):
     script = base64.b64decode(server.custom_data(vm["name"])).decode()
     assert script.startswith("#!/bin/bash") and "exec vllm serve meta-llama/Llama-3.1-8B" in script
     assert "customData" not in vm["properties"]["osProfile"]  # as ARM: never returned
+    assert "koi_watchdog" not in script and "identity" not in vm  # no identity: no backstop (infra/backstop.py)
     # two VMs per replica: each its own script, finding node 0 by its name (Azure's DNS in the VNet)
     assert fleet.launch(chat_job(2), big(1), "k-b").status is LaunchStatus.LAUNCHED
     two = sorted((v for v in vms(server, cluster) if v["tags"]["koi:job"] == "job-2"), key=lambda v: v["tags"]["koi:node"])
     for n, v in enumerate(two):
         lines = base64.b64decode(server.custom_data(v["name"])).decode().splitlines()
         assert f"NODE={n}" in lines and f"HEAD={two[0]['name']}" in lines
+
+
+def test_with_an_identity_every_vm_carries_it_and_its_script_the_release_backstop(arm, cluster):
+    server = arm[0]
+    identity = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/koi"
+    fleet = make_fleet(arm, cluster, engine=EngineSpec(), identity=identity)
+    assert fleet.launch(chat_job(), small(1), "k-i").status is LaunchStatus.LAUNCHED
+    (vm,) = vms(server, cluster)
+    assert vm["identity"]["type"] == "UserAssigned" and list(vm["identity"]["userAssignedIdentities"]) == [identity]
+    script = base64.b64decode(server.custom_data(vm["name"])).decode()
+    assert f"msi_res_id={identity}" in script and "koi_watchdog </dev/null" in script
+    assert script.index("koi_watchdog </dev/null") < script.index("exec vllm serve")
+    assert fleet.teardown("job-1", small(1).rank_id("job-1"), "k-td", drain_s=30.0) is True
+    (vm,) = vms(server, cluster)
+    assert int(vm["tags"]["koi:release-by"]) == math.ceil(1234.5 + 30.0 + RELEASE_GRACE_S)
 
 
 def test_image_references():
@@ -301,5 +319,13 @@ def test_the_default_clients_are_built_from_the_fleet_file_without_calling_azure
     assert compute._config.base_url == "https://management.usgovcloudapi.net"
     fleet = make_fleet(spec, "c1", "azure", client=(compute, network))
     assert isinstance(fleet, AzureFleet) and fleet.rg == RG and fleet.subnet_id == SUBNET
+    assert fleet.identity is None
+    ident = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/k"
+    assert make_fleet(FleetSpec.model_validate({**spec.model_dump(), "azure": {**spec.azure.model_dump(),
+                                                "identity": ident}}), "c1", "azure",
+                      client=(compute, network)).identity == ident
+    with pytest.raises(ValueError, match="identity"):  # a client id is not a resource id
+        AzureSpec(subscription_id=SUB, resource_group=RG, subnet_id=SUBNET, ssh_public_key="k",
+                  identity="0000-1111")
     with pytest.raises(FleetError, match="'azure' section"):
         make_fleet(spec.model_copy(update={"azure": None}), "c1", "azure")

@@ -108,6 +108,13 @@ def test_ec2_launches_carry_the_start_script_and_scale_ups_too(ec2_factory):
     assert len(scripts) == 1
     (script,) = scripts
     assert "exec vllm serve meta-llama/Llama-3.1-8B --served-model-name job-1" in script and "--port 8123" in script
+    # the release backstop (infra/backstop.py): the watchdog reads its tag from the metadata; its shutdown terminates
+    assert "koi_imds meta-data/tags/instance/koi:release-by" in script and "koi_watchdog </dev/null" in script
+    ec2 = ec2_factory(t.REGION)
+    for i in insts:
+        got = ec2.describe_instance_attribute(InstanceId=i["InstanceId"], Attribute="instanceInitiatedShutdownBehavior")
+        assert got["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+        assert i["MetadataOptions"]["InstanceMetadataTags"] == "enabled"
     # a replica over two instances: one script for both nodes, Ray, and the head's address tagged for them to read
     assert fleet.launch(chat_job(2), t.big(2), "k-b").status is LaunchStatus.LAUNCHED
     big = [i for i in t.instances(ec2_factory, cluster) if t.tags(i)["koi:job"] == "job-2"]
@@ -142,6 +149,7 @@ def test_gce_launches_carry_the_start_script():
         (inst,) = t.instances(server, cluster)
         md = t.md(inst)
         assert md["koi-model"] == "llama-3.1-8b"
+        assert "attributes/koi-release-by" in md["startup-script"] and "koi_watchdog </dev/null" in md["startup-script"]
         assert md["startup-script"].splitlines()[-2:] == [
             "source /opt/vllm/bin/activate",
             f"exec {shlex.join(vllm_args('job-1', 'llama-3.1-8b', t.small(1), 8000))} >> /var/log/koi-engine.log 2>&1"]

@@ -4,6 +4,7 @@ Cloud-specific behaviour (tags, labels, metadata, errors) stays in ``test_infra_
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from infra.backstop import RELEASE_GRACE_S
+from infra.drain import HANDOVER_TIMEOUT_S
 from koi.domain import DeploymentState, Rank
 from koi.ports import Executor, LaunchStatus, Observer
 from tests.fakes.jobs import chat_job
@@ -26,6 +29,7 @@ class Cloud:
     weights: Callable[[], set[str]]  # the route weights the live instances carry
     free: Callable[[], int]  # free instances in the big rank's pool
     now: dict[str, float]  # the fleet's clock: now["t"]
+    release: Callable[[], list[str]]  # the release backstop's time on each live instance ("" for none)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +60,7 @@ def cloud(request) -> Cloud:
             return [v["tags"].get(k, "") for v in z.vms(server, cluster)]
 
         return Cloud(fleet, z.big, z.small, lambda: tag("koi:replica"), lambda: set(tag("koi:route-weight")),
-                     lambda: z.free(fleet), now)
+                     lambda: z.free(fleet), now, lambda: tag("koi:release-by"))
     if request.param == "aws":
         from infra.aws import Ec2Fleet
         from tests import test_infra_aws as t
@@ -67,7 +71,7 @@ def cloud(request) -> Cloud:
             return [t.tags(i).get(k, "") for i in t.instances(factory, cluster)]
 
         return Cloud(fleet, t.big, t.small, lambda: tag("koi:replica"), lambda: set(tag("koi:route-weight")),
-                     lambda: t.free(fleet), now)
+                     lambda: t.free(fleet), now, lambda: tag("koi:release-by"))
     from infra.gcp import GceFleet
     from tests import test_infra_gcp as t
 
@@ -77,7 +81,7 @@ def cloud(request) -> Cloud:
         return [t.md(i).get(k, "") for i in t.instances(server, cluster)]
 
     return Cloud(fleet, t.big, t.small, lambda: item("koi-replica"), lambda: set(item("koi-route-weight")),
-                 lambda: t.free(fleet), now)
+                 lambda: t.free(fleet), now, lambda: item("koi-release-by"))
 
 
 def test_the_fleet_is_an_executor_and_an_observer_and_starts_empty(cloud: Cloud) -> None:
@@ -146,7 +150,10 @@ def test_a_teardown_hands_over_then_drains_then_releases(cloud: Cloud) -> None:
     rid = old.rank_id("job-1")
     fleet.launch(chat_job(), old, "k-old")
     free = cloud.free()
+    assert cloud.release() == ["", ""]  # a live rank releases itself never
     assert fleet.teardown("job-1", rid, "k-td", drain_s=30.0, handover=True) is True
+    # the backstop's time: after the longest handover and the drain, plus the grace (infra/backstop.py)
+    assert cloud.release() == [str(math.ceil(1234.5 + HANDOVER_TIMEOUT_S + 30.0 + RELEASE_GRACE_S))] * 2
     [dep] = fleet.deployments()
     assert dep.state is DeploymentState.DRAINING
     assert [r.rank_id(j) for j, r, _ in fleet.routes()] == [rid]  # handing over: still routed
@@ -189,6 +196,7 @@ def test_a_scale_in_drains_the_replicas_it_removes(cloud: Cloud) -> None:
     assert fleet.scale("job-1", rid, 3, "k-up").status is LaunchStatus.LAUNCHED
     free = cloud.free()
     assert fleet.scale("job-1", rid, 1, "k-down", drain_s=30.0).status is LaunchStatus.LAUNCHED
+    assert sorted(cloud.release()) == [""] * 2 + [str(math.ceil(1234.5 + 30.0 + RELEASE_GRACE_S))] * 4
     [dep] = fleet.deployments()
     assert dep.rank.n_replicas == 1 and dep.replicas_ready == 1 and dep.state is DeploymentState.SERVING
     [(_, _, hosts)] = fleet.routes()

@@ -191,6 +191,10 @@ class FakeArmServer:
               "tags": dict(body.get("tags") or {}), "properties": props}
         if body.get("zones"):
             vm["zones"] = list(body["zones"])
+        if ident := body.get("identity"):  # as ARM answers: each identity with its principal
+            vm["identity"] = {"type": ident["type"], "userAssignedIdentities": {
+                k: {"principalId": f"p-{i}", "clientId": f"c-{i}"}
+                for i, k in enumerate(ident.get("userAssignedIdentities") or {})}}
         self.vms[key] = vm
         return 201, vm
 
