@@ -336,6 +336,38 @@ def test_koi_fleet_show_says_how_many_engines_prometheus_scrapes(tmp_path, moto_
         fake.close()
 
 
+def test_koi_fleet_gateway_keeps_nginx_in_step_with_ec2_without_a_worker(tmp_path, moto_endpoint, ec2_factory):
+    """The gateway agent on nginx's host: the routes from EC2's tags, nginx's files written and reloaded locally;
+    an unchanged fleet reloads nothing; a reload nginx refuses exits 1 with --once; no gateway: section exits 2."""
+    import json
+
+    from koi.cli import app
+
+    conf, reloads = tmp_path / "conf.d", tmp_path / "reloads"
+    gw = (f"gateway: {{kind: nginx, directory: {conf}, reload_command: [sh, -c, 'echo r >> {reloads}']}}\n")
+    f, cluster, rank = fleet_with_a_rank(tmp_path, FLEET_YAML + f"endpoint_url: {moto_endpoint}\n" + gw, ec2_factory, 2)
+    args = ["fleet", "gateway", "--fleet", str(f), "--cluster", cluster, "--once"]
+    r = CliRunner().invoke(app, args, env=CREDS)
+    assert r.exit_code == 0, r.output
+    table = json.loads((conf / f"routes-{cluster}.json").read_text())
+    assert [b["rank_id"] for b in table["jobs"]["job-0"]] == [rank.rank_id("job-0")] * 2
+    ups = (conf / f"koi-{cluster}-upstreams.conf").read_text()
+    assert ups.count("server ") == 2 and reloads.read_text() == "r\n"
+    r = CliRunner().invoke(app, args, env=CREDS)  # nothing changed: nothing written, no reload
+    assert r.exit_code == 0 and reloads.read_text() == "r\n"
+    f.write_text(f.read_text().replace(f"echo r >> {reloads}", "echo bad config >&2; exit 1"))
+    ec2 = ec2_factory("us-east-1")
+    ids = [i["InstanceId"] for x in ec2.describe_instances()["Reservations"] for i in x["Instances"]
+           if {"Key": "koi:cluster", "Value": cluster} in i.get("Tags", [])]
+    ec2.terminate_instances(InstanceIds=ids[:1])  # a replica lost: the files change, the reload fails
+    r = CliRunner().invoke(app, args, env=CREDS)
+    assert r.exit_code == 1
+    assert (conf / f"koi-{cluster}-upstreams.conf").read_text().count("server ") == 1
+    f.write_text(FLEET_YAML + f"endpoint_url: {moto_endpoint}\n")
+    r = CliRunner().invoke(app, args, env=CREDS)
+    assert r.exit_code == 2 and "no gateway: section" in r.output
+
+
 def test_a_real_fleet_cluster_starts_live_and_refuses_simulated_mode():
     from koi.cli import app
     from koi.config import get_settings

@@ -6,6 +6,11 @@ there (job, replicas ready of the target, state, its share of the job's traffic 
 the gateway — a draining rank still routed is handing over), and where S1's telemetry comes from (with Prometheus: how many of
 each rank's engines it scrapes). Nothing is changed. It is the dry run an operator wants before
 ``koi worker --world aws|gcp`` and the first place to look when a tick says a launch was refused.
+
+``koi fleet gateway --fleet fleet.yaml --cluster koi-prod`` runs the gateway sync (:mod:`infra.gateway`) by itself,
+on the host nginx runs on: the route table comes from the cloud (the instances' tags and metadata), not from a worker,
+so the reload is local and the routes keep following the fleet while no worker runs. The workers' fleet file then
+leaves ``gateway:`` out.
 """
 
 from __future__ import annotations
@@ -13,8 +18,29 @@ from __future__ import annotations
 import typer
 
 from koi.cli.output import console, emit, fail, print_json
+from koi.logging import get_logger
 
 app = typer.Typer(help="A real fleet as the cloud holds it (infra/cloud.py).", no_args_is_help=True)
+
+
+def _open(fleet: str | None, cluster: str | None, cloud: str | None):  # noqa: ANN202 - (spec, cluster, cloud, fleet)
+    """The fleet file, the cluster id, the cloud and its fleet, each from the option or the settings; a clear exit 2
+    for a missing or bad file or an unknown cloud."""
+    from infra.cloud import FleetError, load_fleet, make_fleet
+    from koi.config import get_settings
+
+    s = get_settings()
+    path = fleet or s.fleet_file
+    if not path:
+        fail("no fleet file: --fleet PATH or KOI_FLEET_FILE")
+    try:
+        spec = load_fleet(path)
+        cluster_id = cluster or s.cluster_id
+        cloud = cloud or (s.world if s.world != "sim" else "aws")
+        return spec, cluster_id, cloud, make_fleet(spec, cluster_id, cloud)  # type: ignore[arg-type]
+    except FleetError as exc:
+        fail(str(exc))
+        raise  # not reached: fail exits
 
 
 @app.command("show")
@@ -25,30 +51,13 @@ def show(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Pools (budget, used, free) and the cluster's ranks, read from the cloud; changes nothing."""
-    from infra.cloud import FleetError, load_fleet, make_fleet
     from infra.gateway import route_table
-    from koi.config import get_settings
 
-    s = get_settings()
-    path = fleet or s.fleet_file
-    if not path:
-        fail("no fleet file: --fleet PATH or KOI_FLEET_FILE")
-        return
+    spec, cluster_id, cloud, fleet_ = _open(fleet, cluster, cloud)
     try:
-        spec = load_fleet(path)
-    except FleetError as exc:
-        fail(str(exc))
-        return
-    cluster_id = cluster or s.cluster_id
-    cloud = cloud or (s.world if s.world != "sim" else "aws")
-    try:
-        fleet_ = make_fleet(spec, cluster_id, cloud)  # type: ignore[arg-type]
         free = {p.pool_id: p.free_instances for p in fleet_.capacity().pools}
         deps = fleet_.deployments()
         table = route_table(cluster_id, fleet_.routes(), spec.metrics_port)
-    except FleetError as exc:
-        fail(str(exc))
-        return
     except Exception as exc:  # noqa: BLE001 - the cloud SDK's errors (credentials, network, API): report, exit 2
         fail(f"cannot read the fleet from {cloud}: {type(exc).__name__}: {exc}")
         return
@@ -80,6 +89,45 @@ def show(
         console.print("no ranks: Koi runs nothing on this fleet for this cluster")
     console.print(f"telemetry: {telemetry['source']}" + (f" at {telemetry['url']}" if telemetry.get("url") else "")
                   + (f" — {telemetry['error']}" if telemetry.get("error") else ""))
+
+
+@app.command("gateway")
+def gateway(
+    fleet: str | None = typer.Option(None, help="the fleet file, with a gateway: section (default KOI_FLEET_FILE)"),
+    cluster: str | None = typer.Option(None, help="cluster id (default KOI_CLUSTER_ID)"),
+    cloud: str | None = typer.Option(None, help="aws, gcp or azure (default KOI_WORLD when it names one, else aws)"),
+    once: bool = typer.Option(False, "--once", help="sync once and exit (a cron job, a check)"),
+) -> None:
+    """Keep the gateway's routes (and nginx) in step with the fleet, read from the cloud, every gateway.every_s
+    until interrupted. A sync that fails (the cloud, a reload nginx refuses) is logged and tried again; with
+    --once it exits 1."""
+    import threading
+
+    from infra.gateway import GatewaySync
+
+    spec, cluster_id, cloud, fleet_ = _open(fleet, cluster, cloud)
+    if spec.gateway is None:
+        fail(f"{fleet or 'the fleet file'} has no gateway: section (kind, directory, reload_command)")
+    sync = GatewaySync(spec.gateway, cluster_id, fleet_, spec.metrics_port)
+    log = get_logger(__name__, cluster=cluster_id)
+    stop = threading.Event()
+    log.info("gateway.agent", cloud=cloud, kind=spec.gateway.kind, directory=spec.gateway.directory,
+             every_s=spec.gateway.every_s, once=once)
+    try:
+        while True:
+            try:
+                sync.sync()
+            except Exception as exc:  # noqa: BLE001 - the cloud SDK's or the reload's errors: logged, tried again
+                log.warning("gateway.sync_failed", error=f"{type(exc).__name__}: {exc}")
+                if once:
+                    raise typer.Exit(1) from exc
+            if once:
+                console.print(f"routes of cluster {cluster_id}: {sync.dir / f'routes-{cluster_id}.json'}"
+                              + (f"; nginx reloaded {sync.reloads}x" if sync.reloads else ""))
+                return
+            stop.wait(spec.gateway.every_s)
+    except KeyboardInterrupt:
+        log.info("gateway.agent_stopped")
 
 
 def _telemetry(spec, cluster_id: str, ranks: list[dict]) -> dict:  # noqa: ANN001 - infra.cloud.FleetSpec
