@@ -343,11 +343,11 @@ class Ec2Fleet(RankReads):
             args["InstanceMarketOptions"] = {"MarketType": "spot"}
         if script is not None:
             args["UserData"] = script  # boto3 base64-encodes it
-            # the script reads koi:head and koi:release-by from the instance metadata; the backstop's shutdown
-            # terminates (infra/backstop.py)
-            args["MetadataOptions"] = {**dict(self.run_args.get("MetadataOptions") or {}),
-                                       "InstanceMetadataTags": "enabled"}
-            args["InstanceInitiatedShutdownBehavior"] = "terminate"
+        # Koi's script (or the operator's, with `koi fleet backstop-script` in it) reads koi:head and koi:release-by
+        # from the instance metadata, and the backstop's shutdown terminates (infra/backstop.py): an instance Koi
+        # never restarts has no use stopped
+        args["MetadataOptions"] = {**dict(self.run_args.get("MetadataOptions") or {}), "InstanceMetadataTags": "enabled"}
+        args["InstanceInitiatedShutdownBehavior"] = "terminate"
         client = self._client(pool.env.region)
         insts = client.run_instances(**args)["Instances"]
         replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)

@@ -35,6 +35,7 @@ import shlex
 from typing import Literal
 
 from infra.drain import HANDOVER_TIMEOUT_S, Drain
+from infra.engine import IMDS_HELPERS
 
 #: How long after the sweep's latest release time an instance releases itself (s; choice 1).
 RELEASE_GRACE_S = 600.0
@@ -90,6 +91,16 @@ def _release(cloud: Cloud, identity: str | None) -> str:
   rid=$(koi_azure 'instance/compute/resourceId?api-version=2021-02-01&format=text') &&
     curl -sf -X DELETE -H "Authorization: Bearer $tok" "https://management.azure.com$rid?api-version={AZURE_API}" >/dev/null
 }}"""
+
+
+def standalone(cloud: Cloud, log_file: str, identity: str | None = None) -> str | None:
+    """The watchdog as a script of its own, for an image or user data of the operator's (no ``engine:`` in the fleet
+    file): ``koi fleet backstop-script``. None where :func:`watchdog` is."""
+    body = watchdog(cloud, log_file, identity)
+    if body is None:
+        return None
+    head = ["#!/bin/bash", "# Koi's release backstop (infra/backstop.py): run it at boot; it stays in the background"]
+    return "\n".join([*head, *([IMDS_HELPERS] if cloud == "aws" else []), body]) + "\n"
 
 
 def watchdog(cloud: Cloud, log_file: str, identity: str | None = None) -> str | None:

@@ -106,7 +106,7 @@ def vllm_args(job_id: str, model_name: str, rank: Rank, port: int, spec: EngineS
 RAY_PORT = 6379
 #: How long the head waits for the replica's other nodes to join its Ray cluster before starting vLLM anyway (s).
 JOIN_WAIT_S = 900
-_IMDS = """koi_imds() {  # EC2 instance metadata, IMDSv2
+IMDS_HELPERS = """koi_imds() {  # EC2 instance metadata, IMDSv2
   local token
   token=$(curl -sf -X PUT http://169.254.169.254/latest/api/token -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
   curl -sf -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/$1"
@@ -146,7 +146,7 @@ def start_script(cluster_id: str, job_id: str, rank_id: str, model_name: str, ra
     lines = ["#!/bin/bash", f"# written by Koi for job {job_id}, rank {rank_id} (infra/engine.py)", "set -euo pipefail",
              *(f"export {k}={shlex.quote(v)}" for k, v in env.items())]
     if node is not None and node.imds:
-        lines.append(_IMDS)
+        lines.append(IMDS_HELPERS)
     if watchdog:
         lines.append(watchdog)
     if spec.prelude.strip():

@@ -63,7 +63,10 @@ def test_azure_without_an_identity_has_no_watchdog():
     assert "msi_res_id=" + IDENTITY in watchdog("azure", "/var/log/x", IDENTITY)
 
 
-def _run(tmp_path: Path, cloud: str, by: int | None, **env: str) -> tuple[subprocess.Popen, Path]:
+def _run(tmp_path: Path, cloud: str, by: int | None, script: str | None = None,
+         **env: str) -> tuple[subprocess.Popen, Path]:
+    """Run the start-up script of a one-node rank on ``cloud`` (or ``script``) with the stubs; the watchdog checks
+    every 0.05 s."""
     bin_ = tmp_path / "bin"
     bin_.mkdir(exist_ok=True)
     for name, text in {"curl": CURL, "shutdown": '#!/bin/bash\necho "shutdown $*" >> "$OUT/calls"\n',
@@ -72,7 +75,7 @@ def _run(tmp_path: Path, cloud: str, by: int | None, **env: str) -> tuple[subpro
         (bin_ / name).chmod(0o755)
     log = tmp_path / "engine.log"
     r = Rank(env=ENV, config=ChainConfig(instance_type="p5.48xlarge"), n_replicas=1)
-    script = start_script("c1", "job-1", r.rank_id("job-1"), "llama-3.1-8b", r, 8000, EngineSpec(log_file=str(log)),
+    script = script or start_script("c1", "job-1", r.rank_id("job-1"), "llama-3.1-8b", r, 8000, EngineSpec(log_file=str(log)),
                           Node(index="0", count=1, gpus=8, imds=cloud == "aws"),
                           watchdog(cloud, str(log), IDENTITY if cloud == "azure" else None))  # type: ignore[arg-type]
     (tmp_path / "start.sh").write_text(script)
@@ -161,3 +164,25 @@ def test_the_azure_tag_reader_picks_the_release_tag_from_the_list():
     code = reader.split("-c '", 1)[1].rsplit("'", 1)[0]
     out = subprocess.run(["python3", "-c", code], input=json.dumps(tags), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1700000000"
+
+
+def test_koi_fleet_backstop_script_runs_on_an_image_of_the_operators_own(tmp_path):
+    """The printed script is the watchdog alone (no engine): past its time the instance releases itself."""
+    from typer.testing import CliRunner
+
+    from koi.cli import app
+
+    r = CliRunner().invoke(app, ["fleet", "backstop-script", "--cloud", "aws", "--log-file", str(tmp_path / "b.log")])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("#!/bin/bash") and "vllm" not in r.stdout
+    proc, calls = _run(tmp_path, "aws", int(time.time()) - 5, r.stdout)
+    try:
+        lines = _wait_for(calls, lambda ls: "shutdown -h now" in ls, proc)
+    finally:
+        _stop(proc)
+    assert any("tags/instance/koi:release-by" in x for x in lines)
+    assert "releasing it" in (tmp_path / "b.log").read_text()
+    r = CliRunner().invoke(app, ["fleet", "backstop-script", "--cloud", "azure"])
+    assert r.exit_code == 2 and "managed identity" in r.output
+    r = CliRunner().invoke(app, ["fleet", "backstop-script", "--cloud", "azure", "--identity", IDENTITY])
+    assert r.exit_code == 0 and f"msi_res_id={IDENTITY}" in r.stdout

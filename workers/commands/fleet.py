@@ -130,6 +130,37 @@ def gateway(
         log.info("gateway.agent_stopped")
 
 
+@app.command("backstop-script")
+def backstop_script(
+    cloud: str | None = typer.Option(None, help="aws, gcp or azure (default KOI_WORLD when it names one, else aws)"),
+    identity: str | None = typer.Option(None, help="azure: the managed identity's resource id (default: the fleet "
+                                                   "file's azure.identity)"),
+    fleet: str | None = typer.Option(None, help="a fleet file to take azure.identity from"),
+    log_file: str = typer.Option("/var/log/koi-engine.log", help="where the watchdog says what it did"),
+) -> None:
+    """Print the release backstop's watchdog (infra/backstop.py) as a boot script, for images or user data of your
+    own (with engine: in the fleet file Koi's start-up script already runs it)."""
+    from infra.backstop import standalone
+    from infra.cloud import FleetError, load_fleet
+    from koi.config import get_settings
+
+    s = get_settings()
+    cloud = cloud or (s.world if s.world != "sim" else "aws")
+    if cloud not in ("aws", "gcp", "azure"):
+        fail(f"unknown cloud {cloud!r}: aws, gcp or azure")
+    if cloud == "azure" and identity is None and fleet:
+        try:
+            spec = load_fleet(fleet)
+        except FleetError as exc:
+            fail(str(exc))
+        identity = spec.azure.identity if spec.azure else None
+    text = standalone(cloud, log_file, identity)  # type: ignore[arg-type]
+    if text is None:
+        fail("azure: a VM can only release itself with a managed identity (--identity or azure.identity in the "
+             "fleet file); a guest shutdown does not stop Azure's bill")
+    typer.echo(text, nl=False)
+
+
 def _telemetry(spec, cluster_id: str, ranks: list[dict]) -> dict:  # noqa: ANN001 - infra.cloud.FleetSpec
     """Where S1's samples come from; with Prometheus, whether it reaches it and how many of each rank's engines it
     scrapes (``engines_up`` is added to each rank row). Prometheus down is reported, not an exit."""
