@@ -18,8 +18,9 @@ Choices (the spec's port says only "drain then release"):
    - **EC2**: ``shutdown -h now``; Koi launches with ``InstanceInitiatedShutdownBehavior=terminate``, so EC2
      terminates it. The tag is read through the instance metadata (``InstanceMetadataTags``, enabled on every
      instance Koi starts an engine on).
-   - **Compute Engine**: a ``DELETE`` of itself with its service account's token from the metadata server; when
-     the account may not delete instances, ``shutdown -h now`` — a stopped (``TERMINATED``) instance holds no GPU
+   - **Compute Engine**: a ``DELETE`` of itself with its service account's token from the metadata server (the
+     account needs the ``cloud-platform`` or ``compute`` scope and ``compute.instances.delete``); when it may not
+     delete instances, ``shutdown -h now`` — a stopped (``TERMINATED``) instance holds no GPU
      and is not billed for one; the next sweep deletes it.
    - **Azure**: a guest shutdown leaves the VM allocated and billed, so only a ``DELETE`` through Resource Manager
      releases it: with a user-assigned managed identity in the fleet file (``azure.identity``, allowed to delete
@@ -99,7 +100,8 @@ def standalone(cloud: Cloud, log_file: str, identity: str | None = None) -> str 
     body = watchdog(cloud, log_file, identity)
     if body is None:
         return None
-    head = ["#!/bin/bash", "# Koi's release backstop (infra/backstop.py): run it at boot; it stays in the background"]
+    head = ["#!/bin/bash", "# Koi's release backstop (infra/backstop.py): run it at boot, as root (it may shut the "
+            "instance down);", "# it stays in the background"]
     return "\n".join([*head, *([IMDS_HELPERS] if cloud == "aws" else []), body]) + "\n"
 
 
