@@ -45,7 +45,7 @@ from botocore.exceptions import ClientError
 
 from infra import backstop
 from infra.engine import EngineError, EngineSpec, Node, script_for
-from infra.replicas import RankReads, ReplicaGroups
+from infra.replicas import Check, RankReads, ReplicaGroups
 from koi.domain import Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
 
@@ -309,11 +309,46 @@ class Ec2Fleet(RankReads):
             self._zones[(region, zone)] = azs[0]["ZoneName"]
         return self._zones[(region, zone)]
 
+    def _preflight_pool(self, pool: Pool) -> list[Check]:
+        """A dry run of the launch Koi would send for one instance of the pool: EC2 checks the permissions (tagging
+        at launch included), the image, the instance type, the subnet and the zone, and launches nothing."""
+        rank = self._probe_rank(pool)
+        args, _ = self._launch_args(pool, "koi-preflight", rank.rank_id("koi-preflight"), rank, key="koi-preflight",
+                                    launch_key="koi-preflight", base=0, count=1, target=1, gen=1, weight=None)
+        what = f"pool {pool.pool_id}: run_instances (dry run)"
+        try:
+            self._client(pool.env.region).run_instances(**args, DryRun=True)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "DryRunOperation":
+                return [Check(what, True, "would launch")]
+            return [Check(what, False, _aws_reason(e))]
+        return [Check(what, False, "EC2 ignored DryRun")]  # pragma: no cover - EC2 always answers a dry run
+
     def _create_replicas(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
              count: int, target: int, gen: int, weight: float | None, last_key: str | None = None,
              model: str | None = None) -> list[str]:
         """One all-or-nothing run_instances for ``count`` replicas (MinCount = MaxCount), then label replicas.
         With an engine spec, the user data starts vLLM as the rank asks (:mod:`infra.engine`)."""
+        args, tags = self._launch_args(pool, job_id, rid, rank, key=key, launch_key=launch_key, base=base, count=count,
+                                       target=target, gen=gen, weight=weight, last_key=last_key, model=model)
+        nodes = self._nodes(rank, pool)
+        client = self._client(pool.env.region)
+        insts = client.run_instances(**args)["Instances"]
+        replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for i in insts:
+            replicas[_replica(i, tags)].append(i)
+        for r, group in sorted(replicas.items()):
+            label = {T_REPLICA: str(r)}
+            head = min(group, key=lambda i: int(i.get("AmiLaunchIndex", 0)))
+            if nodes > 1 and head.get("PrivateIpAddress"):
+                label[T_HEAD] = head["PrivateIpAddress"]
+            client.create_tags(Resources=[i["InstanceId"] for i in group], Tags=_tag_list(label))
+        return [i["InstanceId"] for i in insts]
+
+    def _launch_args(self, pool: Pool, job_id: str, rid: str, rank: Rank, *, key: str, launch_key: str, base: int,
+                     count: int, target: int, gen: int, weight: float | None, last_key: str | None = None,
+                     model: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """The run_instances arguments of ``count`` replicas, and the tags they carry."""
         nodes = self._nodes(rank, pool)
         # one request starts every node: a node finds its index and (Koi tags it below) its head from the metadata
         node = Node(index=f"$(( $(koi_imds meta-data/ami-launch-index) % {nodes} ))" if nodes > 1 else "0",
@@ -348,18 +383,7 @@ class Ec2Fleet(RankReads):
         # never restarts has no use stopped
         args["MetadataOptions"] = {**dict(self.run_args.get("MetadataOptions") or {}), "InstanceMetadataTags": "enabled"}
         args["InstanceInitiatedShutdownBehavior"] = "terminate"
-        client = self._client(pool.env.region)
-        insts = client.run_instances(**args)["Instances"]
-        replicas: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for i in insts:
-            replicas[_replica(i, tags)].append(i)
-        for r, group in sorted(replicas.items()):
-            label = {T_REPLICA: str(r)}
-            head = min(group, key=lambda i: int(i.get("AmiLaunchIndex", 0)))
-            if nodes > 1 and head.get("PrivateIpAddress"):
-                label[T_HEAD] = head["PrivateIpAddress"]
-            client.create_tags(Resources=[i["InstanceId"] for i in group], Tags=_tag_list(label))
-        return [i["InstanceId"] for i in insts]
+        return args, tags
 
 
 

@@ -67,7 +67,7 @@ from infra.aws import (
     tag_value,
 )
 from infra.engine import EngineError, EngineSpec, Node, script_for
-from infra.replicas import RankReads, ReplicaGroups
+from infra.replicas import Check, RankReads, ReplicaGroups
 from koi.domain import Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
 
@@ -253,6 +253,54 @@ class AzureFleet(RankReads):
 
     def _mark(self, insts: list[dict[str, Any]], updates: Mapping[str, str]) -> None:
         self._tag(insts, updates)
+
+    def _preflight_fleet(self) -> list[Check]:
+        """The image in each region the pools use: a marketplace image's versions listed there (an image id is
+        not checked: its access is the gallery's)."""
+        ref = self.image
+        if "id" in ref:
+            return [Check(f"image {ref['id']}", True, "an image id: not checked before a launch")]
+        out = []
+        for region in sorted({p.env.region for p in self.pools.pools}):
+            what = f"image {':'.join(ref[k] for k in ('publisher', 'offer', 'sku', 'version'))} in {region}"
+            try:
+                versions = [v.name for v in self.compute.virtual_machine_images.list(
+                    region, ref["publisher"], ref["offer"], ref["sku"])]
+            except HttpResponseError as e:
+                out.append(Check(what, False, azure_reason(e)))
+                continue
+            ok = bool(versions) and (ref["version"] == "latest" or ref["version"] in versions)
+            out.append(Check(what, ok, f"{len(versions)} version(s), newest {max(versions)}" if ok
+                             else f"not offered there ({len(versions)} version(s) listed)"))
+        return out
+
+    def _preflight_pool(self, pool: Pool) -> list[Check]:
+        """The VM size is offered in the pool's region and zone to this subscription (the resource SKUs'
+        restrictions), with the GPUs the pool counts."""
+        region, zone = pool.env.region, pool.env.zone
+        what = f"pool {pool.pool_id}: {pool.instance_type} in {region}" + ("" if zone in _NO_ZONE else f" zone {zone}")
+        try:
+            skus = [k.as_dict() for k in self.compute.resource_skus.list(filter=f"location eq '{region}'")]
+        except HttpResponseError as e:
+            return [Check(what, False, azure_reason(e))]
+        sku = next((k for k in skus if k.get("resourceType") == "virtualMachines"
+                    and str(k.get("name", "")).lower() == pool.instance_type.lower()
+                    and region.lower() in [x.lower() for x in k.get("locations") or []]), None)
+        if sku is None:
+            return [Check(what, False, "not offered in the region")]
+        for r in sku.get("restrictions") or []:
+            info = r.get("restrictionInfo") or {}
+            if r.get("type") == "Location" or (r.get("type") == "Zone" and zone in (info.get("zones") or [])):
+                return [Check(what, False, f"{r.get('reasonCode', 'restricted')}: {r.get('type')} "
+                                           f"{', '.join(info.get('zones') or r.get('values') or [])}")]
+        zones = [z for li in sku.get("locationInfo") or [] if li.get("location", "").lower() == region.lower()
+                 for z in li.get("zones") or []]
+        if zone not in _NO_ZONE and zone not in zones:
+            return [Check(what, False, f"offered in zone(s) {', '.join(sorted(zones)) or 'none'} only")]
+        gpus = next((int(c["value"]) for c in sku.get("capabilities") or [] if c.get("name") == "GPUs"), None)
+        if gpus is not None and gpus != pool.gpus_per_instance:
+            return [Check(what, False, f"the size carries {gpus} GPU(s), the pool counts {pool.gpus_per_instance}")]
+        return [Check(what, True, "offered" + (f", {gpus} GPU(s)" if gpus is not None else ""))]
 
     def _reason(self, e: Exception) -> str | None:
         return azure_reason(e) if isinstance(e, HttpResponseError) else str(e) if isinstance(e, EngineError) else None

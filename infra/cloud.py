@@ -199,7 +199,7 @@ def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callabl
         return GceFleet(cluster_id, spec.resources, project=spec.project,
                         client=client or gce_client(spec.endpoint_url),
                         clock=clock, insert_args=spec.run_args, engine=spec.engine, engine_port=spec.metrics_port,
-                        **kw)
+                        api_endpoint=spec.endpoint_url, **kw)
     if cloud == "azure":
         from infra.azure import AzureFleet
 

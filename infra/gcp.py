@@ -73,7 +73,7 @@ from google.cloud import compute_v1
 
 from infra import backstop
 from infra.engine import EngineError, EngineSpec, Node, script_for
-from infra.replicas import RankReads, ReplicaGroups
+from infra.replicas import Check, RankReads, ReplicaGroups
 from koi.domain import Market, Pool, Rank, ResourceMap
 from koi.logging import get_logger
 
@@ -178,8 +178,9 @@ class GceFleet(RankReads):
                  client: compute_v1.InstancesClient | None = None, image: str = DEFAULT_IMAGE,
                  clock: Callable[[], float] = time.time, insert_args: Mapping[str, Any] | None = None,
                  boot_disk_gb: int = 200, op_timeout: float = 600.0, engine: EngineSpec | None = None,
-                 engine_port: int = 8000) -> None:
+                 engine_port: int = 8000, api_endpoint: str | None = None, credentials: Any = None) -> None:
         self.cluster_id = cluster_id
+        self._api = {"api_endpoint": api_endpoint, "credentials": credentials}  # the preflight's other clients
         self.engine, self.engine_port = engine, engine_port
         self.pools = pools
         self.project = project
@@ -273,6 +274,46 @@ class GceFleet(RankReads):
     def _mark(self, insts: list[compute_v1.Instance], updates: Mapping[str, str]) -> None:
         if insts:
             self._set_metadata(insts, updates)
+
+    def _other_client(self, cls: Any) -> Any:
+        """Another Compute Engine client (machine types, images) at the same endpoint, over REST."""
+        from google.api_core.client_options import ClientOptions
+
+        endpoint, creds = self._api["api_endpoint"], self._api["credentials"]
+        return cls(transport="rest", credentials=creds,
+                   client_options=ClientOptions(api_endpoint=endpoint) if endpoint else None)
+
+    def _preflight_fleet(self) -> list[Check]:
+        """The boot image (a family's newest, or the image itself) exists and the project may read it."""
+        m = re.match(r"^(?:https://[^/]+/compute/v1/)?projects/([^/]+)/global/images/(family/)?([^/]+)$", self.image)
+        what = f"image {self.image}"
+        if m is None:
+            return [Check(what, False, "not projects/P/global/images/[family/]NAME")]
+        images = self._other_client(compute_v1.ImagesClient)
+        project, family, name = m.groups()
+        try:
+            img = (images.get_from_family(project=project, family=name) if family
+                   else images.get(project=project, image=name))
+        except GoogleAPICallError as e:
+            return [Check(what, False, gce_reason(e))]
+        return [Check(what, True, f"{img.name} ({img.status})")]
+
+    def _preflight_pool(self, pool: Pool) -> list[Check]:
+        """The machine type is offered in the pool's zone, with the GPUs the pool counts."""
+        what = f"pool {pool.pool_id}: {pool.instance_type} in {pool.env.zone}"
+        try:
+            mt = self._other_client(compute_v1.MachineTypesClient).get(project=self.project, zone=pool.env.zone,
+                                                                        machine_type=pool.instance_type)
+        except GoogleAPICallError as e:
+            return [Check(what, False, gce_reason(e))]
+        gpus = sum(a.guest_accelerator_count for a in mt.accelerators)
+        if not mt.accelerators:
+            return [Check(what, True, "offered, with no GPUs of its own: attach them with run_args "
+                                      "(guest_accelerators)")]
+        if gpus != pool.gpus_per_instance:
+            return [Check(what, False, f"the type carries {gpus} GPU(s), the pool counts {pool.gpus_per_instance}")]
+        kinds = ", ".join(sorted({a.guest_accelerator_type for a in mt.accelerators}))
+        return [Check(what, True, f"offered, {gpus} x {kinds}")]
 
     def _reason(self, e: Exception) -> str | None:
         return gce_reason(e) if isinstance(e, GoogleAPICallError) else str(e) if isinstance(e, EngineError) else None

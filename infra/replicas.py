@@ -66,6 +66,16 @@ def scale_plan(r: ReplicaGroups[Any], n: int, drain_s: float | None) -> ScalePla
     return ScalePlan(retire, r.broken() + ([] if wait else retire), max(0, n - len(alive)), wait)
 
 
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One answer of a fleet's preflight (``koi fleet check``): what was asked of the cloud, whether it would work,
+    and the cloud's own words when not."""
+
+    what: str
+    ok: bool
+    detail: str
+
+
 class RankReads:
     """The reads every cloud fleet makes the same way from its ranks — :class:`ReplicaGroups` whose ``head`` is the
     newest instance's record (tags or metadata): the cloud names its keys and supplies ``_ranks``, ``_hosts`` and
@@ -211,6 +221,43 @@ class RankReads:
     def _rank_in(self, pool: Pool, rank_id: str) -> list[Any]:
         """The rank's instances (any state) in the pool's region/zone."""
         raise NotImplementedError
+
+    def preflight(self) -> list[Check]:
+        """What a tick will ask of the cloud, asked before the first one (``koi fleet check``): listing the
+        cluster's instances (the credentials, the API, the read permissions), then each pool as the cloud can check
+        it without launching (:meth:`_preflight_pool`). Nothing is created; a cloud error is an answer, not a raise."""
+        try:
+            listed = self._fleet_listing()
+            checks = [Check("list the cluster's instances", True, f"{len(listed)} instance(s) now")]
+        except Exception as e:  # noqa: BLE001 - credentials, network, permissions: the answer
+            return [Check("list the cluster's instances", False, self._why(e))]
+        asks: list[tuple[str, Callable[[], list[Check]]]] = [("the fleet", self._preflight_fleet)]
+        asks += [(f"pool {p.pool_id}", lambda p=p: self._preflight_pool(p)) for p in self.pools.pools]
+        for what, ask in asks:
+            try:
+                checks.extend(ask())
+            except Exception as e:  # noqa: BLE001
+                checks.append(Check(what, False, self._why(e)))
+        return checks
+
+    def _why(self, e: Exception) -> str:
+        return self._reason(e) or f"{type(e).__name__}: {e}"
+
+    def _preflight_fleet(self) -> list[Check]:
+        """What the cloud can check once for every pool (the image), without launching."""
+        return []
+
+    def _preflight_pool(self, pool: Pool) -> list[Check]:
+        """The pool's launch as the cloud checks it without launching (EC2: a dry run; GCE and Azure: the machine
+        type offered in the zone, the image)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _probe_rank(pool: Pool) -> Rank:
+        """A one-instance rank in the pool, for checks that need one."""
+        from koi.domain import ChainConfig
+
+        return Rank(env=pool.env, config=ChainConfig(instance_type=pool.instance_type), n_replicas=1)
 
     def _launch_reads(self, pool: Pool, stored: str, rank_id: str) -> tuple[list[Any], list[Any], Callable[[], int]]:
         """What a launch reads before it creates anything: the instances carrying its key, the rank's instances and

@@ -9,6 +9,9 @@ It implements exactly what :class:`infra.azure.AzureFleet` calls:
 - ``DELETE .../virtualMachines/{name}``   (``begin_delete``)
 - ``GET    .../virtualMachines/{name}``
 - ``GET    .../providers/Microsoft.Network/networkInterfaces/{name}``
+- ``GET    /subscriptions/{s}/providers/Microsoft.Compute/skus``   (``resource_skus.list``: :attr:`skus`)
+- ``GET    .../locations/{l}/publishers/{p}/artifacttypes/vmimage/offers/{o}/skus/{k}/versions``
+  (``virtual_machine_images.list``: :attr:`image_versions`)
 
 Behaviour, kept honest where AzureFleet depends on it:
 
@@ -41,6 +44,11 @@ _PATH = re.compile(r"^/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)
                    r"(?:/(?P<name>[^/]+))?$")
 
 
+_SKUS = re.compile(r"^/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.Compute/skus$")
+_IMAGES = re.compile(r"^/subscriptions/[^/]+/providers/Microsoft\.Compute/locations/(?P<loc>[^/]+)/publishers/"
+                     r"(?P<pub>[^/]+)/artifacttypes/vmimage/offers/(?P<offer>[^/]+)/skus/(?P<sku>[^/]+)/versions$")
+
+
 class FakeArmServer:
     def __init__(self) -> None:
         self.vms: dict[tuple[str, str, str], dict[str, Any]] = {}  # (sub, rg, name) -> VM as ARM returns it
@@ -52,6 +60,10 @@ class FakeArmServer:
         self._ips = (f"10.3.{i // 250}.{i % 250 + 4}" for i in itertools.count())
         self._lock = threading.Lock()
         self.requests: list[tuple[str, str]] = []
+        #: the resource SKUs (``GET .../providers/Microsoft.Compute/skus``), as ARM lists them
+        self.skus: list[dict[str, Any]] = []
+        #: "location/publisher/offer/sku" -> the image versions offered there
+        self.image_versions: dict[str, list[str]] = {}
 
     # ---- test controls ----------------------------------------------------------------------------------
     @property
@@ -130,6 +142,12 @@ class FakeArmServer:
         return status, {"error": {"code": code, "message": message}}
 
     def dispatch(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
+        if method == "GET" and _SKUS.match(path):
+            return 200, {"value": self.skus}
+        if method == "GET" and (im := _IMAGES.match(path)):  # a bare JSON array, as ARM answers this one
+            key = "/".join((im["loc"], im["pub"], im["offer"], im["sku"]))
+            return 200, [{"name": v, "location": im["loc"], "id": f"{path}/{v}"}  # type: ignore[return-value]
+                         for v in self.image_versions.get(key, [])]
         m = _PATH.match(path)
         if not m:
             return self._error(404, "InvalidResourceType", f"no route {method} {path}")

@@ -7,6 +7,10 @@ transport (``InstancesClient(transport="rest", client_options={"api_endpoint": s
 - ``POST   /compute/v1/projects/{p}/zones/{z}/instances[?requestId=...]``  (``instances.insert``)
 - ``DELETE /compute/v1/projects/{p}/zones/{z}/instances/{name}``  (``instances.delete``)
 - ``POST   /compute/v1/projects/{p}/zones/{z}/instances/{name}/setMetadata``  (``instances.setMetadata``)
+- ``GET    /compute/v1/projects/{p}/zones/{z}/machineTypes/{type}``  (``machineTypes.get``: ``machine_types``
+  says which zones offer which types, with their GPUs)
+- ``GET    /compute/v1/projects/{p}/global/images[/family]/{name}``  (``images.get``, ``images.getFromFamily``:
+  the names in ``images``)
 
 Behaviour, kept honest where GceFleet depends on it:
 
@@ -46,7 +50,8 @@ from tests.fakes.http import JsonHandler
 
 PREFIX = "/compute/v1/projects/"
 _PATH = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/"
-                   r"(?P<coll>instances|operations)(?:/(?P<name>[^/]+))?(?:/(?P<verb>[A-Za-z]+))?$")
+                   r"(?P<coll>instances|operations|machineTypes)(?:/(?P<name>[^/]+))?(?:/(?P<verb>[A-Za-z]+))?$")
+_GLOBAL = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/global/images/(?P<family>family/)?(?P<name>[^/]+)$")
 _CLAUSE = re.compile(r'labels\.([a-z0-9_]+)\s*=\s*"([^"]*)"')
 
 
@@ -69,6 +74,10 @@ class FakeGceServer:
         self.operations: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.by_request_id: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) as received
+        #: zone -> machine type -> (GPU type, GPUs) offered there (None: every type, without GPUs, in every zone)
+        self.machine_types: dict[str, dict[str, tuple[str, int]]] | None = None
+        #: "project/name" or "project/family/name" of the images that exist (None: every image)
+        self.images: set[str] | None = None
         self._fail_next: dict[str, Any] | None = None
         self._ids = itertools.count(1000)
         self._lock = threading.Lock()
@@ -147,8 +156,30 @@ class FakeGceServer:
         self.close()
 
     # ---- API --------------------------------------------------------------------------------------
+    def _machine_type(self, project: str, zone: str, name: str) -> tuple[int, dict[str, Any]]:
+        offered = None if self.machine_types is None else self.machine_types.get(zone, {})
+        if offered is not None and name not in offered:
+            raise GceError(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/machineTypes/{name}' "
+                                            "was not found")
+        mt: dict[str, Any] = {"kind": "compute#machineType", "name": name, "zone": zone, "guestCpus": 12}
+        if offered is not None:
+            gpu, count = offered[name]
+            mt["accelerators"] = [{"guestAcceleratorType": gpu, "guestAcceleratorCount": count}]
+        return 200, mt
+
+    def _image(self, project: str, name: str, family: bool) -> tuple[int, dict[str, Any]]:
+        key = f"{project}/{'family/' if family else ''}{name}"
+        if self.images is not None and key not in self.images:
+            what = "family" if family else "image"
+            raise GceError(404, "notFound", f"The resource 'projects/{project}/global/images/"
+                                            f"{'family/' if family else ''}{name}' was not found ({what})")
+        return 200, {"kind": "compute#image", "name": f"{name}-v20261101" if family else name, "status": "READY",
+                     "family": name if family else ""}
+
     def dispatch(self, method: str, path: str, query: dict[str, str],
                  body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if g := _GLOBAL.match(path):
+            return self._image(g["project"], g["name"], bool(g["family"]))
         m = _PATH.match(path)
         if m is None:
             raise GceError(404, "notFound", f"The requested URL {path} was not found on this server.")
@@ -161,6 +192,8 @@ class FakeGceServer:
                 if op is None:
                     raise GceError(404, "notFound", f"The resource 'operations/{name}' was not found")
                 return 200, op
+            if coll == "machineTypes" and name and method == "GET":
+                return self._machine_type(project, zone, name)
             if coll != "instances":
                 raise GceError(404, "notFound", f"no route for {method} {path}")
             if name is None and method == "GET":

@@ -7,6 +7,9 @@ the gateway — a draining rank still routed is handing over), and where S1's te
 each rank's engines it scrapes). Nothing is changed. It is the dry run an operator wants before
 ``koi worker --world aws|gcp`` and the first place to look when a tick says a launch was refused.
 
+``koi fleet check`` asks the cloud, before the first tick, what the ticks will ask of it (the credentials, each pool's
+launch as a dry run on EC2, the image and the machine types on Compute Engine and Azure), launching nothing.
+
 ``koi fleet gateway --fleet fleet.yaml --cluster koi-prod`` runs the gateway sync (:mod:`infra.gateway`) by itself,
 on the host nginx runs on: the route table comes from the cloud (the instances' tags and metadata), not from a worker,
 so the reload is local and the routes keep following the fleet while no worker runs. The workers' fleet file then
@@ -89,6 +92,29 @@ def show(
         console.print("no ranks: Koi runs nothing on this fleet for this cluster")
     console.print(f"telemetry: {telemetry['source']}" + (f" at {telemetry['url']}" if telemetry.get("url") else "")
                   + (f" — {telemetry['error']}" if telemetry.get("error") else ""))
+
+
+@app.command("check")
+def check(
+    fleet: str | None = typer.Option(None, help="the fleet file (default KOI_FLEET_FILE)"),
+    cluster: str | None = typer.Option(None, help="cluster id (default KOI_CLUSTER_ID)"),
+    cloud: str | None = typer.Option(None, help="aws, gcp or azure (default KOI_WORLD when it names one, else aws)"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Before the first tick: ask the cloud what the ticks will ask of it, launching nothing — the credentials and
+    the listing; EC2: each pool's launch as a dry run (permissions, image, type, subnet, zone); Compute Engine and
+    Azure: the image, and each pool's machine type / VM size offered in its zone (with its GPUs). Exit 1 when any
+    check fails."""
+    spec, cluster_id, cloud, fleet_ = _open(fleet, cluster, cloud)
+    checks = fleet_.preflight()
+    rows = [{"check": c.what, "ok": c.ok, "detail": c.detail} for c in checks]
+    if json_out:
+        print_json({"cluster": cluster_id, "cloud": cloud, "ok": all(c.ok for c in checks), "checks": rows})
+    else:
+        emit([{**r, "ok": "ok" if r["ok"] else "FAILED"} for r in rows], False,
+             title=f"{cloud} for cluster {cluster_id}: {sum(c.ok for c in checks)} of {len(checks)} checks pass")
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
 
 
 @app.command("gateway")
