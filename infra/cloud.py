@@ -55,7 +55,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError
 
-from infra.aws import Ec2Fleet
+from infra.aws import Ec2Fleet, ec2_client_factory  # noqa: F401 - ec2_client_factory: the import callers use
 from infra.engine import EngineSpec
 from infra.gateway import GatewaySpec, GatewaySync
 from infra.prometheus import PrometheusTelemetry, write_file_sd
@@ -142,17 +142,6 @@ def load_fleet(path: str | Path) -> FleetSpec:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise FleetError(f"fleet file {p}: {where}: {first['msg']} ({exc.error_count()} error(s))") from exc
-
-
-def ec2_client_factory(endpoint_url: str | None = None, **client_kw: Any) -> Callable[[str], Any]:
-    """``region -> boto3 EC2 client``; credentials from the usual AWS chain unless given."""
-
-    def make(region: str) -> Any:
-        import boto3
-
-        return boto3.client("ec2", region_name=region, endpoint_url=endpoint_url, **client_kw)
-
-    return make
 
 
 Cloud = Literal["aws", "gcp", "azure"]

@@ -209,10 +209,16 @@ def test_the_shipped_iam_policy_allows_every_call_the_fleet_makes(cluster, clien
     from pathlib import Path
 
     called: set[str] = set()
+    hooked: list[Any] = []
+
+    def record(model: Any, **_: Any) -> None:
+        called.add(f"ec2:{model.name}")
 
     def factory(region: str) -> Any:
-        c = client_factory(region)
-        c.meta.events.register("before-call.ec2", lambda model, **_: called.add(f"ec2:{model.name}"))
+        c = client_factory(region)  # the process's shared client: the hook comes off at the end
+        if c not in hooked:
+            c.meta.events.register("before-call.ec2", record, unique_id="iam-policy-test")
+            hooked.append(c)
         return c
 
     fleet = Ec2Fleet(cluster, pools(), client_factory=factory, image_id=IMAGE, clock=lambda: 1234.5)
@@ -228,6 +234,9 @@ def test_the_shipped_iam_policy_allows_every_call_the_fleet_makes(cluster, clien
     fleet.teardown("job-1", rid, "k-td", drain_s=30.0, handover=True)
     fleet._clock = lambda: 1234.5 + 2000.0
     fleet.sweep(), fleet.sweep()
+    fleet.preflight()  # koi fleet check, with the workers' credentials
+    for c in hooked:
+        c.meta.events.unregister("before-call.ec2", unique_id="iam-policy-test")
     assert {"ec2:RunInstances", "ec2:CreateTags", "ec2:TerminateInstances", "ec2:DescribeInstances",
             "ec2:DescribeAvailabilityZones"} <= called
     policy = json.loads((Path(__file__).resolve().parents[1] / "infra/aws-iam-policy.json").read_text())
@@ -236,3 +245,23 @@ def test_the_shipped_iam_policy_allows_every_call_the_fleet_makes(cluster, clien
         acts = st["Action"]
         allowed |= {acts} if isinstance(acts, str) else set(acts)
     assert called <= allowed, called - allowed
+
+
+def test_ec2_clients_are_shared_per_region_made_safely_from_many_threads_and_retry(moto_endpoint):
+    """The worker's threads make fleets at once: one client per region in the process (boto3's clients are
+    thread-safe, its sessions are not), with botocore's standard retries and bounded timeouts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from infra.cloud import ec2_client_factory
+
+    kw = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "aws_session_token": "testing"}
+    regions = ["us-east-1", "us-west-2", "eu-west-1", "us-east-2"] * 8
+    with ThreadPoolExecutor(16) as pool:
+        clients = list(pool.map(lambda r: ec2_client_factory(moto_endpoint, **kw)(r), regions))
+    by_region = {r: {id(c) for c, rr in zip(clients, regions, strict=True) if rr == r} for r in set(regions)}
+    assert all(len(ids) == 1 for ids in by_region.values()) and len({i for v in by_region.values() for i in v}) == 4
+    c = clients[0]
+    assert c.meta.region_name == "us-east-1" and c.meta.endpoint_url == moto_endpoint
+    assert c.meta.config.retries["mode"] == "standard" and c.meta.config.retries["total_max_attempts"] == 6
+    assert (c.meta.config.connect_timeout, c.meta.config.read_timeout) == (10, 60)
+    assert c.describe_instances()["Reservations"] is not None  # it works
