@@ -147,26 +147,50 @@ def load_fleet(path: str | Path) -> FleetSpec:
 Cloud = Literal["aws", "gcp", "azure"]
 
 
+_SHARED: dict[tuple[Any, ...], Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """One client per key in the process: a world is made per tick activity and per background thread, and a
+    new credential each time would ask the identity service for a new token each time (Azure's managed-identity
+    endpoint throttles; GCE's metadata server is asked once per credential too). The clients are thread-safe."""
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = make()
+        return _SHARED[key]
+
+
 def azure_clients(spec: FleetSpec) -> tuple[Any, Any]:
     """(ComputeManagementClient, NetworkManagementClient) with ``DefaultAzureCredential`` (environment, managed
-    identity, the Azure CLI, ...); ``endpoint_url``: another Resource Manager endpoint (a sovereign cloud)."""
-    from azure.identity import DefaultAzureCredential
-    from azure.mgmt.compute import ComputeManagementClient
-    from azure.mgmt.network import NetworkManagementClient
-
+    identity, the Azure CLI, ...); ``endpoint_url``: another Resource Manager endpoint (a sovereign cloud). Shared
+    in the process per subscription and endpoint (:func:`_shared`)."""
     assert spec.azure is not None
-    cred, kw = DefaultAzureCredential(), ({"base_url": spec.endpoint_url} if spec.endpoint_url else {})
-    return (ComputeManagementClient(cred, spec.azure.subscription_id, **kw),
-            NetworkManagementClient(cred, spec.azure.subscription_id, **kw))
+    sub, url = spec.azure.subscription_id, spec.endpoint_url
+
+    def make() -> tuple[Any, Any]:
+        from azure.identity import DefaultAzureCredential
+        from azure.mgmt.compute import ComputeManagementClient
+        from azure.mgmt.network import NetworkManagementClient
+
+        cred, kw = DefaultAzureCredential(), ({"base_url": url} if url else {})
+        return ComputeManagementClient(cred, sub, **kw), NetworkManagementClient(cred, sub, **kw)
+
+    return _shared(("azure", sub, url), make)
 
 
 def gce_client(endpoint_url: str | None = None) -> Any:
-    """A Compute Engine InstancesClient over REST (default credentials; ``endpoint_url``: a private endpoint)."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
+    """A Compute Engine InstancesClient over REST (default credentials; ``endpoint_url``: a private endpoint), shared
+    in the process per endpoint (:func:`_shared`)."""
 
-    return compute_v1.InstancesClient(transport="rest", client_options=ClientOptions(api_endpoint=endpoint_url)
-                                      if endpoint_url else None)
+    def make() -> Any:
+        from google.api_core.client_options import ClientOptions
+        from google.cloud import compute_v1
+
+        return compute_v1.InstancesClient(transport="rest", client_options=ClientOptions(api_endpoint=endpoint_url)
+                                          if endpoint_url else None)
+
+    return _shared(("gcp", endpoint_url), make)
 
 
 def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callable[[], float] = time.time,

@@ -317,6 +317,7 @@ def test_the_default_clients_are_built_from_the_fleet_file_without_calling_azure
                      azure=AzureSpec(subscription_id=SUB, resource_group=RG, subnet_id=SUBNET, ssh_public_key="k"))
     compute, network = azure_clients(spec)
     assert compute._config.subscription_id == SUB == network._config.subscription_id
+    assert azure_clients(spec) == (compute, network)  # one pair (one credential, one token) per process
     assert compute._config.base_url == "https://management.usgovcloudapi.net"
     fleet = make_fleet(spec, "c1", "azure", client=(compute, network))
     assert isinstance(fleet, AzureFleet) and fleet.rg == RG and fleet.subnet_id == SUBNET
