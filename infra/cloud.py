@@ -58,6 +58,7 @@ from pydantic import Field, ValidationError
 from infra.aws import Ec2Fleet, ec2_client_factory  # noqa: F401 - ec2_client_factory: the import callers use
 from infra.engine import EngineSpec
 from infra.gateway import GatewaySpec, GatewaySync
+from infra.health import EngineHealth
 from infra.prometheus import PrometheusTelemetry, write_file_sd
 from infra.vllm_metrics import ScrapeTarget, VllmMetricsObserver
 from koi.domain import Deployment, Job, Pool, Rank, ResourceMap, TelemetryWindow
@@ -119,6 +120,11 @@ class FleetSpec(KoiModel):
                                                                    "on: handover, drain, release (infra/drain.py)")
     gateway: GatewaySpec | None = Field(default=None, description="where Koi writes the traffic split it plans "
                                                                   "(infra/gateway.py, choice 5); None: nowhere")
+    health_path: str | None = Field(default="/health", pattern=r"^/", description=(
+        "a replica is ready once its engine answers GET <metrics_port><health_path> with 200 (vLLM's /health; "
+        "infra/health.py); null: once its instances run"))
+    health_every_s: float = Field(default=5.0, gt=0, description="how long an engine's answer stands")
+    health_timeout_s: float = Field(default=2.0, gt=0)
 
     @property
     def resources(self) -> ResourceMap:
@@ -194,11 +200,27 @@ def gce_client(endpoint_url: str | None = None) -> Any:
 
 
 def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callable[[], float] = time.time,
-               client: Any = None) -> Any:
+               client: Any = None, health: Any = None) -> Any:
     """The executor of ``cloud`` for one cluster: :class:`infra.aws.Ec2Fleet`, :class:`infra.gcp.GceFleet` or
     :class:`infra.azure.AzureFleet`. ``client``: aws, ``region -> EC2 client``; gcp, an ``InstancesClient``; azure,
     ``(ComputeManagementClient, NetworkManagementClient)`` (default: from ``spec.endpoint_url`` and the cloud's
-    default credentials)."""
+    default credentials). ``health``: an :class:`infra.health.EngineHealth` (ready = the engine answers); None:
+    ready = the instances run."""
+    fleet = _make_fleet(spec, cluster_id, cloud, clock=clock, client=client)
+    fleet.health = health
+    return fleet
+
+
+def engine_health(spec: FleetSpec) -> EngineHealth | None:
+    """The engines' readiness probe the fleet file asks for (``health_path``; None: none)."""
+    if spec.health_path is None:
+        return None
+    return EngineHealth(spec.metrics_port, spec.health_path, ttl_s=spec.health_every_s,
+                        timeout_s=spec.health_timeout_s)
+
+
+def _make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callable[[], float],
+                client: Any) -> Any:
     if cloud == "aws":
         kw = {"image_id": spec.image_id} if spec.image_id else {}
         return Ec2Fleet(cluster_id, spec.resources, client_factory=client or ec2_client_factory(spec.endpoint_url),
@@ -390,13 +412,18 @@ class CloudWorldProvider:
         self.gateways: dict[str, Periodic] = {}
         self.reapers: dict[str, Periodic] = {}
         self.prometheus: dict[str, PrometheusTelemetry] = {}
+        self.health: dict[str, EngineHealth | None] = {}  # one readiness probe per cluster (infra/health.py)
         self._lock = threading.Lock()
         if scrape:  # httpx logs every request at INFO: 400 engines every 15 s would drown the worker's log
             logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
 
     def world(self, cluster_id: str) -> CloudWorld:
         spec = self.spec
-        fleet = make_fleet(spec, cluster_id, self.cloud, clock=self.clock, client=self.client)
+        with self._lock:
+            if cluster_id not in self.health:
+                self.health[cluster_id] = engine_health(spec)
+        fleet = make_fleet(spec, cluster_id, self.cloud, clock=self.clock, client=self.client,
+                           health=self.health[cluster_id])
         on_change = None
         if self.scrape:  # background threads: the file-SD publisher, the gateway sync, the scraper
             if spec.prometheus_file_sd:
@@ -500,3 +527,6 @@ class CloudWorldProvider:
             s.observer.close()
         for t in self.prometheus.values():
             t.close()
+        for h in self.health.values():
+            if h is not None:
+                h.close()

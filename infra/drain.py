@@ -91,11 +91,20 @@ class RankView:
         return self.alive > self.ready
 
 
-def views(ranks: Mapping[str, Any], job_key: str, drain_key: str) -> dict[str, RankView]:
+def views(ranks: Mapping[str, Any], job_key: str, drain_key: str,
+          served: Mapping[str, tuple[int, int]] | None = None) -> dict[str, RankView]:
     """The rule's view of a cloud's ranks (:class:`infra.replicas.ReplicaGroups` with the ``head`` record of their
-    newest instance: ``job_key`` names the job, ``drain_key`` the drain record there)."""
-    return {rid: RankView(r.head[job_key], len(r.alive()), len(r.ready()), Drain.decode(r.head.get(drain_key)))
-            for rid, r in ranks.items()}
+    newest instance: ``job_key`` names the job, ``drain_key`` the drain record there). ``served``: each rank's
+    (replicas whose engine answers, replicas whose engine stopped: not alive) (:mod:`infra.health`); without it a
+    replica whose instances run is ready."""
+    out = {}
+    for rid, r in ranks.items():
+        alive, ready = len(r.alive()), len(r.ready())
+        if served is not None:
+            ok, lost = served.get(rid, (0, 0))
+            alive, ready = alive - lost, min(ok, ready)
+        out[rid] = RankView(r.head[job_key], alive, ready, Drain.decode(r.head.get(drain_key)))
+    return out
 
 
 def replacement_serves(rank_id: str, views: Mapping[str, RankView]) -> bool:

@@ -41,10 +41,14 @@ class ReplicaGroups(Generic[I]):
     def broken(self) -> list[int]:
         return sorted(set(self.replicas) - set(self.alive()))
 
-    def deployment(self, job_id: str, rank: Rank, launch_key: str) -> Deployment:
-        """The rank as S0 sees it: ``rank`` carries the target replica count, the groups say how many are ready."""
-        ready = len(self.ready())
-        return Deployment(job_id=job_id, rank=rank, state=deployment_state(len(self.alive()), ready, rank.n_replicas),
+    def deployment(self, job_id: str, rank: Rank, launch_key: str, ready: int | None = None,
+                   lost: int = 0) -> Deployment:
+        """The rank as S0 sees it: ``rank`` carries the target replica count, the groups say how many are ready
+        (``ready``: how many serve, when the engines are probed, :mod:`infra.health`; ``lost``: replicas whose
+        engine served and stopped, counted as broken)."""
+        ready = len(self.ready()) if ready is None else ready
+        alive = len(self.alive()) - lost
+        return Deployment(job_id=job_id, rank=rank, state=deployment_state(alive, ready, rank.n_replicas),
                           replicas_ready=ready, idempotency_key=launch_key)
 
 
@@ -102,6 +106,8 @@ class RankReads:
     pools: ResourceMap
     _clock: Callable[[], float]
     _log: Any
+    #: :class:`infra.health.EngineHealth`: a replica is ready once its engine answers; None: once its instances run
+    health: Any = None
 
     def now(self) -> float:
         return float(self._clock())
@@ -152,7 +158,7 @@ class RankReads:
         started and ranks and replicas were released (the gateway re-reads its routes when it is not 0)."""
         listed = self._fleet_listing()
         ranks, now = self._ranks(listed), self.now()
-        start, done = drain.sweep(drain.views(ranks, self.JOB_KEY, self.DRAIN_KEY), now)
+        start, done = drain.sweep(self._views(ranks), now)
         due = [i for i in listed if self._staying(i) and self.RDRAIN_KEY in (m := self._meta(i))
                and drain.replica_due(m[self.RDRAIN_KEY], now)]
         replicas = {(self._meta(i).get(self.RANK_KEY), self._meta(i).get(self.REPLICA_KEY)) for i in due}
@@ -391,12 +397,33 @@ class RankReads:
         raise NotImplementedError
 
     def deployments(self) -> list[Deployment]:
-        """Each rank; one handing over or draining is DRAINING (:mod:`infra.drain`)."""
-        out = []
-        for r in self._ranks().values():
-            d = r.deployment(r.head[self.JOB_KEY], self._rank_of(r.head), r.head.get(self.LAUNCH_KEY, ""))
+        """Each rank; one handing over or draining is DRAINING (:mod:`infra.drain`). Ready replicas are those
+        whose engine answers when the engines are probed (:mod:`infra.health`)."""
+        out, ranks = [], self._ranks()
+        served = self._served(ranks)
+        for rid, r in ranks.items():
+            ready, lost = (None, 0) if served is None else served[rid]
+            d = r.deployment(r.head[self.JOB_KEY], self._rank_of(r.head), r.head.get(self.LAUNCH_KEY, ""),
+                             None if ready is None else len(ready), lost)
             out.append(d.model_copy(update={"state": DeploymentState.DRAINING}) if self.DRAIN_KEY in r.head else d)
         return out
+
+    def _served(self, ranks: Mapping[str, Any]) -> dict[str, tuple[tuple[str, ...], int]] | None:
+        """Each rank's (head hosts of the replicas whose engine answers, replicas whose engine served and stopped)
+        (:mod:`infra.health`, all ranks probed at once), or None when the engines are not probed."""
+        if self.health is None:
+            return None
+        hosts = {rid: self._hosts(r) for rid, r in ranks.items()}
+        every = {h for hs in hosts.values() for h in hs}
+        ok = self.health.ready(every)
+        lost = self.health.lost(every)
+        return {rid: (tuple(h for h in hs if h in ok), sum(h in lost for h in hs)) for rid, hs in hosts.items()}
+
+    def _views(self, ranks: Mapping[str, Any]) -> dict[str, drain.RankView]:
+        """The drain rule's view of the ranks, a replica ready when it serves (:meth:`_served`)."""
+        served = self._served(ranks)
+        return drain.views(ranks, self.JOB_KEY, self.DRAIN_KEY,
+                           None if served is None else {rid: (len(hs), lost) for rid, (hs, lost) in served.items()})
 
     def engine_hosts(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
         """(job id, rank id, env id, hosts) of every rank with a ready replica, draining ones included (the
@@ -406,8 +433,11 @@ class RankReads:
 
     def routes(self) -> list[tuple[str, Rank, tuple[str, ...]]]:
         """(job id, rank, hosts) of the ranks the gateway routes to: live and handing over, not draining."""
-        return [(r.head[self.JOB_KEY], self._rank_of(r.head), hosts) for r in self._ranks().values()
-                if drain.routable(drain.Drain.decode(r.head.get(self.DRAIN_KEY))) and (hosts := self._hosts(r))]
+        ranks = self._ranks()
+        served = self._served(ranks)
+        return [(r.head[self.JOB_KEY], self._rank_of(r.head), hosts) for rid, r in ranks.items()
+                if drain.routable(drain.Drain.decode(r.head.get(self.DRAIN_KEY)))
+                and (hosts := self._hosts(r) if served is None else served[rid][0])]
 
     def _drain_mark(self, ranks: Mapping[str, Any], rank_id: str, now: float, drain_s: float,
                     handover: bool) -> tuple[dict[str, str] | None, bool]:
@@ -415,5 +445,5 @@ class RankReads:
         when the rank is not listed or already leaving."""
         if rank_id not in ranks or self.DRAIN_KEY in ranks[rank_id].head:
             return None, False
-        d = drain.begin(rank_id, drain.views(ranks, self.JOB_KEY, self.DRAIN_KEY), now, drain_s, handover)
+        d = drain.begin(rank_id, self._views(ranks), now, drain_s, handover)
         return {self.DRAIN_KEY: d.encode(), self.RELEASE_KEY: backstop.release_by(d)}, drain.phase(d, now) != "done"

@@ -30,6 +30,7 @@ pools:
     hourly_price: 0.8
 image_id: ami-0123456789abcdef0
 metrics_port: 8001
+health_path: null  # moto's addresses route nowhere: ready = running here (the probe: tests/test_infra_health.py)
 """
 
 

@@ -211,3 +211,56 @@ def test_a_scale_in_drains_the_replicas_it_removes(cloud: Cloud) -> None:
     assert fleet.scale("job-1", rid, 2, "k-up2").status is LaunchStatus.LAUNCHED
     [dep] = fleet.deployments()
     assert dep.rank.n_replicas == 2 and dep.replicas_ready == 2 and fleet.sweep() == 0
+
+
+class Engines:
+    """A readiness probe whose engines answer as the test says (the HTTP probe itself: tests/test_infra_health.py)."""
+
+    def __init__(self) -> None:
+        self.up: set[str] = set()
+        self.served: set[str] = set()  # once ready
+
+    def ready(self, hosts: Any) -> set[str]:
+        ok = set(hosts) & self.up
+        self.served |= ok
+        return ok
+
+    def lost(self, hosts: Any) -> set[str]:
+        return (set(hosts) & self.served) - self.up
+
+
+def test_with_engines_probed_a_replica_is_ready_once_its_engine_answers(cloud: Cloud) -> None:
+    """infra/health.py: running instances are not a serving replica. Until its engine answers a replica is not
+    ready (the rank LAUNCHING, out of the routes); one whose engine stopped is lost (DEGRADED); and a handover waits
+    for the replacement's engine, not its instances."""
+    fleet, now = cloud.fleet, cloud.now
+    fleet.health = engines = Engines()
+    rank = cloud.big(2)
+    rid = rank.rank_id("job-1")
+    fleet.launch(chat_job(), rank, "k-a")
+    [(_, _, _, heads)] = fleet.engine_hosts()  # the running heads, probed or not (the scrape targets)
+    assert len(heads) == 2
+    [dep] = fleet.deployments()
+    assert (dep.replicas_ready, dep.state) == (0, DeploymentState.LAUNCHING) and fleet.routes() == []
+    engines.up.add(heads[0])
+    [dep] = fleet.deployments()
+    assert (dep.replicas_ready, dep.state) == (1, DeploymentState.LAUNCHING)
+    assert [hosts for _, _, hosts in fleet.routes()] == [(heads[0],)]
+    engines.up.add(heads[1])
+    [dep] = fleet.deployments()
+    assert (dep.replicas_ready, dep.state) == (2, DeploymentState.SERVING)
+    engines.up.discard(heads[1])  # its engine died; the instances still run
+    [dep] = fleet.deployments()
+    assert (dep.replicas_ready, dep.state) == (1, DeploymentState.DEGRADED)
+
+    new = cloud.small(1)  # the replacement: its instance runs at once, its engine not yet
+    fleet.launch(chat_job(), new, "k-new")
+    assert fleet.teardown("job-1", rid, "k-td", drain_s=30.0, handover=True) is True
+    now["t"] += 60.0
+    assert fleet.sweep() == 0  # the replacement's engine does not answer: the old rank keeps serving
+    assert {r.rank_id(j) for j, r, _ in fleet.routes()} == {rid}
+    [new_head] = [h for _, r, _, hs in fleet.engine_hosts() if r == new.rank_id("job-1") for h in hs]
+    engines.up.add(new_head)
+    now["t"] += 1.0
+    assert fleet.sweep() == 1  # now it serves: the drain starts
+    assert {r.rank_id(j) for j, r, _ in fleet.routes()} == {new.rank_id("job-1")}

@@ -93,7 +93,7 @@ def test_requests_through_the_gateway_come_back_as_the_next_ticks_evidence(tmp_p
     f = tmp_path / "fleet.yaml"
     f.write_text(FLEET_YAML)
     spec = load_fleet(f).model_copy(update={
-        "metrics_port": port, "scrape_every_s": 1.0, "targets_ttl_s": 0.0, "sweep_every_s": 0.5,
+        "metrics_port": port, "health_path": "/health", "health_every_s": 0.5, "scrape_every_s": 1.0, "targets_ttl_s": 0.0, "sweep_every_s": 0.5,
         "prometheus_url": prom_url, "prometheus_file_sd": str(d / "sd"),
         "gateway": GatewaySpec(kind="nginx", directory=str(nginx["conf"]), reload_command=nginx["reload"])})
     cluster = f"c-{uuid.uuid4().hex[:8]}"

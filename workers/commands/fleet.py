@@ -129,11 +129,13 @@ def gateway(
     --once it exits 1."""
     import threading
 
+    from infra.cloud import engine_health
     from infra.gateway import GatewaySync
 
     spec, cluster_id, cloud, fleet_ = _open(fleet, cluster, cloud)
     if spec.gateway is None:
         fail(f"{fleet or 'the fleet file'} has no gateway: section (kind, directory, reload_command)")
+    fleet_.health = engine_health(spec)  # nginx's host reaches the engines: route only to those that answer
     sync = GatewaySync(spec.gateway, cluster_id, fleet_, spec.metrics_port)
     log = get_logger(__name__, cluster=cluster_id)
     stop = threading.Event()

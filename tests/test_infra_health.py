@@ -1,0 +1,121 @@
+"""infra.health: engine readiness from vLLM's /health, probed over real HTTP on loopback (one engine per loopback
+address, as a fleet's engines share one port)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from infra.health import FORGET_S, EngineHealth
+from tests.fakes.http import TextHandler, serve, stop
+from tests.test_infra_gateway import free_port
+
+
+class Engines:
+    """Engines on 127.0.2.x:port answering /health with ``status[host]`` (absent: not listening)."""
+
+    def __init__(self) -> None:
+        self.port, self.status, self.hits, self.servers = free_port(), {}, {}, {}
+
+    def start(self, host: str, status: int = 200) -> str:
+        self.status[host] = status
+        eng = self
+
+        class Handler(TextHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                eng.hits[(host, self.path)] = eng.hits.get((host, self.path), 0) + 1
+                self.send_text("", eng.status[host])
+
+        self.servers[host] = serve(Handler, host, self.port)
+        return host
+
+    def close(self) -> None:
+        for s in self.servers.values():
+            stop(s)
+
+
+@pytest.fixture
+def engines() -> Any:
+    e = Engines()
+    yield e
+    e.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_ready_means_the_engine_answers_200(engines):
+    up, loading, down = engines.start("127.0.2.1"), engines.start("127.0.2.2", 503), "127.0.2.3"
+    h = EngineHealth(engines.port, timeout_s=1.0)
+    try:
+        assert h.ready([up, loading, down]) == {up}
+        assert engines.hits[(up, "/health")] == 1
+    finally:
+        h.close()
+
+
+def test_one_failure_does_not_unready_a_serving_engine_three_do_and_answers_stand_for_the_ttl(engines):
+    host, clock = engines.start("127.0.2.4"), Clock()
+    h = EngineHealth(engines.port, ttl_s=5.0, timeout_s=1.0, clock=clock)
+    try:
+        assert h.ready([host]) == {host} and h.probes == 1
+        clock.t = 4.9
+        assert h.ready([host]) == {host} and h.probes == 1  # within the TTL: no probe
+        engines.status[host] = 500
+        seen = []
+        for k in range(1, 5):
+            clock.t = 5.0 * k
+            seen.append(bool(h.ready([host])))
+        assert seen == [True, True, False, False] and h.probes == 5
+        engines.status[host] = 200
+        clock.t = 30.0
+        assert h.ready([host]) == {host}  # one success: ready again
+    finally:
+        h.close()
+
+
+def test_a_host_nobody_asks_about_is_forgotten_and_a_new_engine_there_starts_unproven(engines):
+    host, clock = engines.start("127.0.2.5"), Clock()
+    other = engines.start("127.0.2.6")
+    h = EngineHealth(engines.port, timeout_s=1.0, clock=clock)
+    try:
+        assert h.ready([host]) == {host}
+        clock.t = FORGET_S + 1.0
+        h.ready([other])  # host released: not asked about any more
+        engines.status[host] = 503  # a new instance on the same address, still loading
+        clock.t += 0.1  # within the TTL of the old answer, which is gone
+        assert h.ready([host]) == set()
+    finally:
+        h.close()
+
+
+def test_many_hosts_are_probed_at_once(engines):
+    """Each engine answers only once all eight have been asked (a barrier): probed one by one, none would be ready."""
+    import threading
+
+    hosts = [f"127.0.2.{i}" for i in range(10, 18)]
+    barrier = threading.Barrier(len(hosts), timeout=10)
+    for x in hosts:
+        engines.start(x)
+    engines.status = {x: 200 for x in hosts}
+
+    class Gate(dict):
+        def __getitem__(self, host: str) -> int:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                return 500
+            return 200
+
+    engines.status = Gate(engines.status)
+    h = EngineHealth(engines.port, timeout_s=15.0, workers=16)
+    try:
+        assert h.ready(hosts) == set(hosts)
+    finally:
+        h.close()
