@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
@@ -97,6 +98,11 @@ def image_reference(image: str | Mapping[str, str]) -> dict[str, str]:
     if len(parts) != 4:
         raise ValueError(f"image {image!r}: an image id or a URN publisher:offer:sku:version")
     return dict(zip(("publisher", "offer", "sku", "version"), parts, strict=True))
+
+
+_NIC_IPS: dict[str, str] = {}  # NIC resource id -> private address (AzureFleet._nic_ip)
+_NIC_LOCK = threading.Lock()
+_NIC_MAX = 20_000
 
 
 def tags(vm: Mapping[str, Any]) -> dict[str, str]:
@@ -194,16 +200,31 @@ class AzureFleet(RankReads):
             nics = ((head.get("properties") or {}).get("networkProfile") or {}).get("networkInterfaces") or []
             if not nics:
                 continue
-            parts = nics[0]["id"].split("/")
-            try:
-                nic = self.network.network_interfaces.get(parts[4], parts[-1]).as_dict()
-            except ResourceNotFoundError:  # deleted between the list and now
-                continue
-            ips = [c.get("properties", {}).get("privateIPAddress") for c in nic.get("properties", {}).get(
-                "ipConfigurations") or []]
-            if ip := next((i for i in ips if i), None):
-                hosts.append(str(ip))
+            if ip := self._nic_ip(nics[0]["id"]):
+                hosts.append(ip)
         return tuple(hosts)
+
+    def _nic_ip(self, nic_id: str) -> str | None:
+        """A NIC's private address, asked of ARM once per NIC in the process (it keeps it for its life, and every
+        read of the fleet — the sweep, the gateway, each tick — would otherwise ask again for each replica)."""
+        with _NIC_LOCK:
+            if nic_id in _NIC_IPS:
+                return _NIC_IPS[nic_id]
+        parts = nic_id.split("/")
+        try:
+            nic = self.network.network_interfaces.get(parts[4], parts[-1]).as_dict()
+        except ResourceNotFoundError:  # deleted between the list and now
+            return None
+        ips = [c.get("properties", {}).get("privateIPAddress") for c in nic.get("properties", {}).get(
+            "ipConfigurations") or []]
+        ip = next((str(i) for i in ips if i), None)
+        if ip is not None:
+            with _NIC_LOCK:
+                if len(_NIC_IPS) >= _NIC_MAX:  # a long-lived worker: forget the oldest half
+                    for k in list(_NIC_IPS)[: _NIC_MAX // 2]:
+                        del _NIC_IPS[k]
+                _NIC_IPS[nic_id] = ip
+        return ip
 
     # ---- Executor -------------------------------------------------------------------------------
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:

@@ -135,6 +135,23 @@ def test_a_launch_lists_the_resource_group_once(arm, fleet, cluster):
     assert [m for m, _ in server.requests[start:]] == ["GET"]
 
 
+def test_a_nics_address_is_asked_of_arm_once(arm, fleet, cluster):
+    """Every read of the fleet (the sweep, the gateway, each tick) needs the replicas' addresses: ARM is asked once
+    per NIC, not once per read."""
+    server = arm[0]
+    assert fleet.launch(chat_job(), big(2), "k-nic").status is LaunchStatus.LAUNCHED
+
+    def nic_gets(since: int) -> int:
+        return sum(m == "GET" and "/networkInterfaces/" in p for m, p in server.requests[since:])
+
+    start = len(server.requests)
+    first = fleet.routes()
+    assert nic_gets(start) == 2  # one per replica head
+    start = len(server.requests)
+    assert make_fleet(arm, cluster).routes() == first and fleet.engine_hosts()  # another world, same process
+    assert nic_gets(start) == 0
+
+
 def test_a_spot_pool_launches_spot_vms_deleted_on_eviction_and_scale_repairs(arm, fleet, cluster):
     server = arm[0]
     rank = small(3)
