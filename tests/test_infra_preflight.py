@@ -16,24 +16,15 @@ from typer.testing import CliRunner
 from koi.cli import app
 from tests.fakes.http import TextHandler, serve, stop
 from tests.test_infra_azure import arm  # noqa: F401 - the fake ARM fixture
-from tests.test_infra_cloud import CREDS
+from tests.test_infra_cloud import CREDS, FLEET_YAML
 
-FLEET = """
-pools:
-  - env: {cloud: aws, region: us-east-1, zone: us-east-1a, market: on_demand, gpu_type: L4}
-    instance_type: g6.xlarge
-    gpus_per_instance: 1
-    total_instances: 4
-    free_instances: 4
-    hourly_price: 0.8
-  - env: {cloud: aws, region: us-east-1, zone: us-east-1b, market: spot, gpu_type: H100}
+FLEET = FLEET_YAML.replace("image_id:", """  - env: {cloud: aws, region: us-east-1, zone: us-east-1b, market: spot, gpu_type: H100}
     instance_type: p5.48xlarge
     gpus_per_instance: 8
     total_instances: 2
     free_instances: 2
     hourly_price: 40.0
-image_id: ami-0123456789abcdef0
-"""
+image_id:""", 1)
 
 _EC2_ERROR = ('<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}</Code><Message>{message}'
               '</Message></Error></Errors><RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>')
@@ -64,6 +55,15 @@ def _proxy(moto: str, refuse: dict[str, tuple[int, str, str]]) -> Any:
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
 
 
+def _check_through(tmp_path, moto: str, refuse: dict[str, tuple[int, str, str]]) -> tuple[int, dict]:
+    """``koi fleet check`` against EC2 answering as :func:`_proxy` says."""
+    httpd, url = _proxy(moto, refuse)
+    try:
+        return _check(tmp_path, url)
+    finally:
+        stop(httpd)
+
+
 def _check(tmp_path, endpoint: str) -> tuple[int, dict]:
     f = tmp_path / "fleet.yaml"
     f.write_text(FLEET + f"endpoint_url: {endpoint}\n")
@@ -86,12 +86,8 @@ def test_ec2_every_pool_launch_is_dry_run_and_nothing_is_launched(tmp_path, moto
 
 
 def test_ec2_a_pool_the_account_may_not_launch_fails_with_ec2s_words(tmp_path, moto_endpoint):
-    httpd, url = _proxy(moto_endpoint, {"RunInstances:p5.48xlarge": (
+    code, doc = _check_through(tmp_path, moto_endpoint, {"RunInstances:p5.48xlarge": (
         403, "UnauthorizedOperation", "You are not authorized to perform this operation. Encoded message: x")})
-    try:
-        code, doc = _check(tmp_path, url)
-    finally:
-        stop(httpd)
     assert code == 1 and doc["ok"] is False
     ok = {c["check"].split(":")[-2].split("/")[-1]: (c["ok"], c["detail"]) for c in doc["checks"][1:]}
     assert ok["g6.xlarge"] == (True, "would launch")
@@ -99,12 +95,8 @@ def test_ec2_a_pool_the_account_may_not_launch_fails_with_ec2s_words(tmp_path, m
 
 
 def test_ec2_credentials_refused_stop_at_the_listing(tmp_path, moto_endpoint):
-    httpd, url = _proxy(moto_endpoint, {"DescribeInstances": (
+    code, doc = _check_through(tmp_path, moto_endpoint, {"DescribeInstances": (
         401, "AuthFailure", "AWS was not able to validate the provided access credentials")})
-    try:
-        code, doc = _check(tmp_path, url)
-    finally:
-        stop(httpd)
     assert code == 1 and [(c["ok"], c["detail"].split(":")[0]) for c in doc["checks"]] == [(False, "AuthFailure")]
 
 

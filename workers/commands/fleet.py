@@ -23,6 +23,11 @@ import typer
 from koi.cli.output import console, emit, fail, print_json
 from koi.logging import get_logger
 
+# the options every command shares (typer reads each default as the option's declaration)
+FLEET = typer.Option(None, help="the fleet file (default KOI_FLEET_FILE)")
+CLUSTER = typer.Option(None, help="cluster id (default KOI_CLUSTER_ID)")
+CLOUD = typer.Option(None, help="aws, gcp or azure (default KOI_WORLD when it names one, else aws)")
+
 app = typer.Typer(help="A real fleet as the cloud holds it (infra/cloud.py).", no_args_is_help=True)
 
 
@@ -48,9 +53,9 @@ def _open(fleet: str | None, cluster: str | None, cloud: str | None):  # noqa: A
 
 @app.command("show")
 def show(
-    fleet: str | None = typer.Option(None, help="the fleet file (default KOI_FLEET_FILE)"),
-    cluster: str | None = typer.Option(None, help="cluster id (default KOI_CLUSTER_ID)"),
-    cloud: str | None = typer.Option(None, help="aws, gcp or azure (default KOI_WORLD when it names one, else aws)"),
+    fleet: str | None = FLEET,
+    cluster: str | None = CLUSTER,
+    cloud: str | None = CLOUD,
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Pools (budget, used, free) and the cluster's ranks, read from the cloud; changes nothing."""
@@ -96,9 +101,9 @@ def show(
 
 @app.command("check")
 def check(
-    fleet: str | None = typer.Option(None, help="the fleet file (default KOI_FLEET_FILE)"),
-    cluster: str | None = typer.Option(None, help="cluster id (default KOI_CLUSTER_ID)"),
-    cloud: str | None = typer.Option(None, help="aws, gcp or azure (default KOI_WORLD when it names one, else aws)"),
+    fleet: str | None = FLEET,
+    cluster: str | None = CLUSTER,
+    cloud: str | None = CLOUD,
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Before the first tick: ask the cloud what the ticks will ask of it, launching nothing — the credentials and
@@ -120,8 +125,8 @@ def check(
 @app.command("gateway")
 def gateway(
     fleet: str | None = typer.Option(None, help="the fleet file, with a gateway: section (default KOI_FLEET_FILE)"),
-    cluster: str | None = typer.Option(None, help="cluster id (default KOI_CLUSTER_ID)"),
-    cloud: str | None = typer.Option(None, help="aws, gcp or azure (default KOI_WORLD when it names one, else aws)"),
+    cluster: str | None = CLUSTER,
+    cloud: str | None = CLOUD,
     once: bool = typer.Option(False, "--once", help="sync once and exit (a cron job, a check)"),
 ) -> None:
     """Keep the gateway's routes (and nginx) in step with the fleet, read from the cloud, every gateway.every_s
@@ -160,7 +165,7 @@ def gateway(
 
 @app.command("backstop-script")
 def backstop_script(
-    cloud: str | None = typer.Option(None, help="aws, gcp or azure (default KOI_WORLD when it names one, else aws)"),
+    cloud: str | None = CLOUD,
     identity: str | None = typer.Option(None, help="azure: the managed identity's resource id (default: the fleet "
                                                    "file's azure.identity)"),
     fleet: str | None = typer.Option(None, help="a fleet file to take azure.identity from"),
