@@ -25,6 +25,7 @@ Choices (the spec's port says only "ready replicas"):
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -58,6 +59,8 @@ class EngineHealth:
                  failures: int = 3, clock: Callable[[], float] = time.monotonic, workers: int = 16) -> None:
         self.port, self.path, self.ttl_s, self.failures, self._clock = port, path, ttl_s, failures, clock
         self._client = httpx.Client(timeout=timeout_s)
+        # httpx logs every request at INFO: a probe per engine every few seconds would drown the worker's log
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="koi-health")
         self._state: dict[str, _State] = {}
         self._lock = threading.Lock()
@@ -95,13 +98,14 @@ class EngineHealth:
     def _record(self, host: str, ok: bool, now: float) -> None:
         with self._lock:
             s = self._state.setdefault(host, _State(asked=now))
-            was = s.ready
+            was, was_lost = s.ready, s.was_ready and not s.ready
             s.checked = now
             s.fails = 0 if ok else s.fails + 1
             s.ready = ok or (s.ready and s.fails < self.failures)
             s.was_ready = s.was_ready or s.ready
-        if s.ready != was:
-            log.info("health.changed", host=host, ready=s.ready, fails=s.fails)
+        if s.ready != was:  # an engine's first answer is routine (debug); losing one, or its return, is news
+            (log.info if not s.ready or s.fails or was_lost else log.debug)("health.changed", host=host,
+                                                                            ready=s.ready, fails=s.fails)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
