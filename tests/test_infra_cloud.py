@@ -299,6 +299,40 @@ def test_koi_fleet_show_reads_pools_and_ranks_from_ec2(tmp_path, moto_endpoint, 
     assert r.exit_code == 2 and "cannot read fleet file" in r.output
 
 
+def test_koi_fleet_show_probe_counts_a_replica_ready_once_its_engine_answers(tmp_path, moto_endpoint, ec2_factory,
+                                                                            monkeypatch):
+    """--probe asks each head's /health (infra/health.py): of two running replicas one engine answers."""
+    import json
+
+    from infra.aws import Ec2Fleet
+    from koi.cli import app
+    from tests.fakes.http import TextHandler, serve, stop
+    from tests.test_infra_gateway import free_port
+
+    class Up(TextHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_text("", 200 if self.path == "/health" else 404)
+
+    port = free_port()
+    engine = serve(Up, "127.0.5.1", port)
+    monkeypatch.setattr(Ec2Fleet, "_hosts", staticmethod(lambda r: ("127.0.5.1", "127.0.5.2")[: len(r.ready())]))
+    try:
+        text = FLEET_YAML.replace("health_path: null", "health_path: /health").replace("metrics_port: 8001",
+                                                                                      f"metrics_port: {port}")
+        f, cluster, rank = fleet_with_a_rank(tmp_path, text + f"endpoint_url: {moto_endpoint}\n", ec2_factory, 2)
+        args = ["fleet", "show", "--fleet", str(f), "--cluster", cluster, "--json"]
+        [rk] = json.loads(CliRunner().invoke(app, args, env=CREDS).stdout)["ranks"]
+        assert (rk["replicas_ready"], rk["state"]) == (2, "serving")  # instances running: ready by the cloud's word
+        r = CliRunner().invoke(app, [*args, "--probe"], env=CREDS)
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        [rk] = doc["ranks"]
+        assert (rk["replicas_ready"], rk["state"], rk["routed"]) == (1, "launching", "100%")
+        assert [b["address"] for b in doc["routes"]["job-0"]] == [f"127.0.5.1:{port}"]
+    finally:
+        stop(engine)
+
+
 def test_koi_fleet_show_says_how_many_engines_prometheus_scrapes(tmp_path, moto_endpoint, ec2_factory):
     """With prometheus_url: each rank's engines up in Prometheus, ranks Prometheus still scrapes that Koi no longer
     runs, and an unreachable Prometheus reported (exit 0: the cloud part stands)."""

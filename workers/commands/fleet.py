@@ -57,11 +57,16 @@ def show(
     cluster: str | None = CLUSTER,
     cloud: str | None = CLOUD,
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+    probe: bool = typer.Option(False, "--probe", help="count a replica ready once its engine answers health_path "
+                                                      "(run where the engines are reachable); else once it runs"),
 ) -> None:
     """Pools (budget, used, free) and the cluster's ranks, read from the cloud; changes nothing."""
+    from infra.cloud import engine_health
     from infra.gateway import route_table
 
     spec, cluster_id, cloud, fleet_ = _open(fleet, cluster, cloud)
+    if probe:
+        fleet_.health = engine_health(spec)
     try:
         free = {p.pool_id: p.free_instances for p in fleet_.capacity().pools}
         deps = fleet_.deployments()
