@@ -182,15 +182,12 @@ class Ec2Fleet(RankReads):
         return rank_from_tags(head)
 
     @staticmethod
-    def _hosts(r: _Rank) -> tuple[str, ...]:
-        """Each ready replica's head node — the instance with the lowest launch index, where vLLM's API server
-        and its ``/metrics`` run — by private address (the engines serve inside the VPC), else the public one."""
-        hosts = []
-        for k in r.ready():
-            head = min(r.replicas[k], key=lambda i: int(i.get("AmiLaunchIndex", 0)))
-            if addr := head.get("PrivateIpAddress") or head.get("PublicIpAddress"):
-                hosts.append(str(addr))
-        return tuple(hosts)
+    def _head_addr(r: _Rank, k: int) -> str | None:
+        """Replica ``k``'s head node — the instance with the lowest launch index, where vLLM's API server and its
+        ``/metrics`` run — by private address (the engines serve inside the VPC), else the public one."""
+        head = min(r.replicas[k], key=lambda i: int(i.get("AmiLaunchIndex", 0)))
+        addr = head.get("PrivateIpAddress") or head.get("PublicIpAddress")
+        return str(addr) if addr else None
 
     # ---- Executor -------------------------------------------------------------------------------
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:

@@ -192,17 +192,11 @@ class AzureFleet(RankReads):
     def _rank_of(head: Mapping[str, str]) -> Rank:
         return rank_from_tags(head)
 
-    def _hosts(self, r: _Rank) -> tuple[str, ...]:
-        """Each ready replica's head node (node 0, where vLLM serves) by its NIC's private address."""
-        hosts = []
-        for k in r.ready():
-            head = min(r.replicas[k], key=lambda v: int(tags(v).get(T_NODE, "0")))
-            nics = ((head.get("properties") or {}).get("networkProfile") or {}).get("networkInterfaces") or []
-            if not nics:
-                continue
-            if ip := self._nic_ip(nics[0]["id"]):
-                hosts.append(ip)
-        return tuple(hosts)
+    def _head_addr(self, r: _Rank, k: int) -> str | None:
+        """Replica ``k``'s head node (node 0, where vLLM serves) by its NIC's private address."""
+        head = min(r.replicas[k], key=lambda v: int(tags(v).get(T_NODE, "0")))
+        nics = ((head.get("properties") or {}).get("networkProfile") or {}).get("networkInterfaces") or []
+        return self._nic_ip(nics[0]["id"]) if nics else None
 
     def _nic_ip(self, nic_id: str) -> str | None:
         """A NIC's private address, asked of ARM once per NIC in the process (it keeps it for its life, and every

@@ -215,16 +215,13 @@ class GceFleet(RankReads):
         return rank_from_metadata(head)
 
     @staticmethod
-    def _hosts(r: _Rank) -> tuple[str, ...]:
-        """Each ready replica's head node (node 0, where vLLM's API server and ``/metrics`` run) by internal
-        address (``networkIP``), else its external one."""
-        hosts = []
-        for k in r.ready():
-            head = min(r.replicas[k], key=lambda i: int(metadata(i).get(M_NODE, "0")))
-            nic = head.network_interfaces[0] if head.network_interfaces else None
-            if addr := nic and (nic.network_i_p or (nic.access_configs[0].nat_i_p if nic.access_configs else "")):
-                hosts.append(str(addr))
-        return tuple(hosts)
+    def _head_addr(r: _Rank, k: int) -> str | None:
+        """Replica ``k``'s head node (node 0, where vLLM's API server and ``/metrics`` run) by internal address
+        (``networkIP``), else its external one."""
+        head = min(r.replicas[k], key=lambda i: int(metadata(i).get(M_NODE, "0")))
+        nic = head.network_interfaces[0] if head.network_interfaces else None
+        addr = nic and (nic.network_i_p or (nic.access_configs[0].nat_i_p if nic.access_configs else ""))
+        return str(addr) if addr else None
 
     # ---- Executor -------------------------------------------------------------------------------
     def reweight(self, job_id: str, rank_id: str, route_weight: float, idempotency_key: str) -> bool:

@@ -390,8 +390,18 @@ class RankReads:
             return None
         return f"pool {pool.pool_id}: {what} need {need} instance(s), {free} of {pool.total_instances} free"
 
-    def _hosts(self, r: Any) -> tuple[str, ...]:
+    def _head_addr(self, r: Any, k: int) -> str | None:
+        """The address of replica ``k``'s head node (where the engine's API server runs), or None when it has none
+        yet."""
         raise NotImplementedError
+
+    def _heads(self, r: Any) -> dict[int, str]:
+        """Each ready replica's head address, by replica index."""
+        return {k: a for k in r.ready() if (a := self._head_addr(r, k))}
+
+    def _hosts(self, r: Any) -> tuple[str, ...]:
+        """Each ready replica's head address (the engines to scrape, and to route to when they are not probed)."""
+        return tuple(self._heads(r).values())
 
     def _rank_of(self, head: Mapping[str, str]) -> Rank:
         raise NotImplementedError

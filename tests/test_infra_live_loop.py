@@ -67,17 +67,15 @@ class Engine:
 def engines(monkeypatch) -> Any:
     """Each EC2 head node's private address → an engine on a loopback address of its own."""
     port, addrs, made = free_port(), (f"127.0.1.{i}" for i in itertools.count(2)), {}
-    real = Ec2Fleet._hosts
+    real = Ec2Fleet._head_addr
 
-    def hosts(r: Any) -> tuple[str, ...]:
-        out = []
-        for ip in real(r):
-            if ip not in made:
-                made[ip] = Engine(next(addrs), port)
-            out.append(made[ip].host)
-        return tuple(out)
+    def head_addr(r: Any, k: int) -> str | None:
+        ip = real(r, k)
+        if ip is not None and ip not in made:
+            made[ip] = Engine(next(addrs), port)
+        return None if ip is None else made[ip].host
 
-    monkeypatch.setattr(Ec2Fleet, "_hosts", staticmethod(hosts))
+    monkeypatch.setattr(Ec2Fleet, "_head_addr", staticmethod(head_addr))
     yield port, made
     for e in made.values():
         e.close()
