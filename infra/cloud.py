@@ -125,6 +125,9 @@ class FleetSpec(KoiModel):
         "infra/health.py); null: once its instances run"))
     health_every_s: float = Field(default=5.0, gt=0, description="how long an engine's answer stands")
     health_timeout_s: float = Field(default=2.0, gt=0)
+    ready_timeout_s: float = Field(default=1800.0, gt=0, description="a replica whose engine has not answered this "
+                                                                      "long after its instances run is broken: "
+                                                                      "replaced at the next scale")
 
     @property
     def resources(self) -> ResourceMap:
@@ -216,7 +219,7 @@ def engine_health(spec: FleetSpec) -> EngineHealth | None:
     if spec.health_path is None:
         return None
     return EngineHealth(spec.metrics_port, spec.health_path, ttl_s=spec.health_every_s,
-                        timeout_s=spec.health_timeout_s)
+                        timeout_s=spec.health_timeout_s, ready_timeout_s=spec.ready_timeout_s)
 
 
 def _make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callable[[], float],

@@ -21,6 +21,10 @@ Choices (the spec's port says only "ready replicas"):
 3. Only the head node (where vLLM's API server runs) is probed; the other nodes of a multi-node replica are
    "running" by the cloud's word, and the head serves only once Ray holds their GPUs (:mod:`infra.engine`).
 4. ``health_path: null`` in the fleet file turns it off (an engine without a health endpoint): ready = running.
+5. **A replica whose engine never answers** within ``ready_timeout_s`` (30 min: a 235B checkpoint from object
+   storage loads in well under that) of Koi first seeing its instances run is broken, as the simulator's
+   replica that fails to materialize: its rank is DEGRADED, and a scale replaces it (its instances are released,
+   a new replica launched). The clock starts when this worker first saw it (a restarted worker waits again).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class _State:
     fails: int = 0
     checked: float = float("-inf")
     asked: float = float("-inf")
+    first: float = float("inf")  # when it was first asked about: running since about then
 
 
 class EngineHealth:
@@ -56,8 +61,10 @@ class EngineHealth:
     drain sweep and gateway sync share one per cluster."""
 
     def __init__(self, port: int, path: str = "/health", *, ttl_s: float = 5.0, timeout_s: float = 2.0,
-                 failures: int = 3, clock: Callable[[], float] = time.monotonic, workers: int = 16) -> None:
+                 failures: int = 3, ready_timeout_s: float = 1800.0, clock: Callable[[], float] = time.monotonic,
+                 workers: int = 16) -> None:
         self.port, self.path, self.ttl_s, self.failures, self._clock = port, path, ttl_s, failures, clock
+        self.ready_timeout_s = ready_timeout_s
         self._client = httpx.Client(timeout=timeout_s)
         # httpx logs every request at INFO: a probe per engine every few seconds would drown the worker's log
         logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
@@ -75,7 +82,8 @@ class EngineHealth:
             for h in [h for h, st in self._state.items() if now - st.asked > FORGET_S and h not in hosts]:
                 del self._state[h]
             for h in hosts:
-                self._state.setdefault(h, _State()).asked = now
+                st = self._state.setdefault(h, _State())
+                st.asked, st.first = now, min(st.first, now)
             stale = sorted(h for h in hosts if now - self._state[h].checked >= self.ttl_s)
         for host, ok in zip(stale, self._pool.map(self._probe, stale), strict=True):
             self._record(host, ok, now)
@@ -83,10 +91,13 @@ class EngineHealth:
             return {h for h in hosts if (st := self._state.get(h)) is not None and st.ready}
 
     def lost(self, hosts: Iterable[str]) -> set[str]:
-        """Of ``hosts``, those whose engine served and no longer does (as of the last probes; none is sent): the
-        replica is broken, not still loading."""
+        """Of ``hosts``, those whose replica is broken, not loading (as of the last probes; none is sent): the engine
+        served and no longer does, or it never answered within ``ready_timeout_s`` of its instance running (choice
+        5: a replica that fails to materialize)."""
+        now = self._clock()
         with self._lock:
-            return {h for h in hosts if (st := self._state.get(h)) is not None and st.was_ready and not st.ready}
+            return {h for h in hosts if (st := self._state.get(h)) is not None and not st.ready
+                    and (st.was_ready or now - st.first >= self.ready_timeout_s)}
 
     def _probe(self, host: str) -> bool:
         self.probes += 1

@@ -64,10 +64,13 @@ class ScalePlan:
     wait: float
 
 
-def scale_plan(r: ReplicaGroups[Any], n: int, drain_s: float | None) -> ScalePlan:
-    alive, wait = r.alive(), drain.scale_drain(drain_s)
+def scale_plan(r: ReplicaGroups[Any], n: int, drain_s: float | None, failed: Iterable[int] = ()) -> ScalePlan:
+    """``failed``: replicas whose instances run but whose engine is lost (:mod:`infra.health`): removed at once, as
+    broken ones are, and replaced."""
+    failed = sorted(set(failed))
+    alive, wait = [k for k in r.alive() if k not in failed], drain.scale_drain(drain_s)
     retire = alive[n:]
-    return ScalePlan(retire, r.broken() + ([] if wait else retire), max(0, n - len(alive)), wait)
+    return ScalePlan(retire, r.broken() + failed + ([] if wait else retire), max(0, n - len(alive)), wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +328,7 @@ class RankReads:
             if isinstance(target, str):
                 return result(LaunchStatus.FAILED, reason=target)
             r, pool = target
-            plan = scale_plan(r, n_replicas, drain_s)
+            plan = scale_plan(r, n_replicas, drain_s, self._failed(r))
             if plan.add and (reason := self._shortfall(pool, plan.add * r.nodes, self._free_in(pool),
                                                        f"{plan.add} more replica(s)")):
                 return result(LaunchStatus.FAILED, reason=reason)
@@ -394,6 +397,16 @@ class RankReads:
         """The address of replica ``k``'s head node (where the engine's API server runs), or None when it has none
         yet."""
         raise NotImplementedError
+
+    def _failed(self, r: Any) -> list[int]:
+        """The rank's replicas whose instances run but whose engine is lost or never came up (:mod:`infra.health`;
+        none when the engines are not probed)."""
+        if self.health is None:
+            return []
+        heads = self._heads(r)
+        self.health.ready(heads.values())  # current answers for the replicas a scale is about to judge
+        lost = self.health.lost(heads.values())
+        return [k for k, a in heads.items() if a in lost]
 
     def _heads(self, r: Any) -> dict[int, str]:
         """Each ready replica's head address, by replica index."""

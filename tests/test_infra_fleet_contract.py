@@ -219,6 +219,7 @@ class Engines:
     def __init__(self) -> None:
         self.up: set[str] = set()
         self.served: set[str] = set()  # once ready
+        self.never: set[str] = set()  # past the ready timeout without an answer
 
     def ready(self, hosts: Any) -> set[str]:
         ok = set(hosts) & self.up
@@ -226,7 +227,7 @@ class Engines:
         return ok
 
     def lost(self, hosts: Any) -> set[str]:
-        return (set(hosts) & self.served) - self.up
+        return ((set(hosts) & self.served) - self.up) | (set(hosts) & self.never - self.up)
 
 
 def test_with_engines_probed_a_replica_is_ready_once_its_engine_answers(cloud: Cloud) -> None:
@@ -264,3 +265,26 @@ def test_with_engines_probed_a_replica_is_ready_once_its_engine_answers(cloud: C
     now["t"] += 1.0
     assert fleet.sweep() == 1  # now it serves: the drain starts
     assert {r.rank_id(j) for j, r, _ in fleet.routes()} == {new.rank_id("job-1")}
+
+
+def test_a_replica_whose_engine_never_answers_is_replaced_by_the_next_scale(cloud: Cloud) -> None:
+    """The simulator's replica that fails to materialize, on a real fleet (infra/health.py choice 5): its instances
+    run, its engine never answers within the ready timeout — the rank is DEGRADED and a scale to the same count
+    releases it and launches a fresh one."""
+    fleet = cloud.fleet
+    fleet.health = engines = Engines()
+    rank = cloud.big(2)
+    rid = rank.rank_id("job-1")
+    fleet.launch(chat_job(), rank, "k-a")
+    [(_, _, _, heads)] = fleet.engine_hosts()
+    engines.up.add(heads[0])
+    engines.never.add(heads[1])
+    [dep] = fleet.deployments()
+    assert (dep.replicas_ready, dep.state) == (1, DeploymentState.DEGRADED)
+    assert fleet.scale("job-1", rid, 2, "k-repair").status is LaunchStatus.LAUNCHED
+    assert sorted(cloud.replicas()) == ["0", "0", "2", "2"]  # replica 1's two instances released, replica 2 new
+    [(_, _, _, now_heads)] = fleet.engine_hosts()
+    assert heads[0] in now_heads and heads[1] not in now_heads
+    engines.up.update(now_heads)
+    [dep] = fleet.deployments()
+    assert (dep.replicas_ready, dep.state) == (2, DeploymentState.SERVING)

@@ -119,3 +119,23 @@ def test_many_hosts_are_probed_at_once(engines):
         assert h.ready(hosts) == set(hosts)
     finally:
         h.close()
+
+
+def test_an_engine_that_never_answers_is_lost_after_the_ready_timeout(engines):
+    """A replica that fails to materialize (choice 5): loading until ``ready_timeout_s`` after it was first seen
+    running, then lost; one that answers in time is ready, and lost only once it has stopped."""
+    loading, clock = "127.0.2.30", Clock()
+    fine = engines.start("127.0.2.31")
+    h = EngineHealth(engines.port, ttl_s=5.0, timeout_s=1.0, ready_timeout_s=600.0, clock=clock)
+    try:
+        assert h.ready([loading, fine]) == {fine} and h.lost([loading, fine]) == set()
+        clock.t = 599.0
+        assert h.ready([loading, fine]) == {fine} and h.lost([loading, fine]) == set()
+        clock.t = 600.0
+        h.ready([loading, fine])
+        assert h.lost([loading, fine]) == {loading}
+        engines.start(loading)  # it comes up after all: ready, not lost
+        clock.t = 606.0
+        assert h.ready([loading]) == {loading} and h.lost([loading]) == set()
+    finally:
+        h.close()
