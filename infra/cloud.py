@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from infra.aws import Ec2Fleet, ec2_client_factory  # noqa: F401 - ec2_client_factory: the import callers use
 from infra.engine import EngineSpec
@@ -123,11 +123,20 @@ class FleetSpec(KoiModel):
     health_path: str | None = Field(default="/health", pattern=r"^/", description=(
         "a replica is ready once its engine answers GET <metrics_port><health_path> with 200 (vLLM's /health; "
         "infra/health.py); null: once its instances run"))
+    health_via: Literal["probe", "prometheus"] = Field(default="probe", description=(
+        "probe: the workers ask each engine; prometheus: an engine Prometheus scraped (up == 1) answers, for "
+        "workers that do not reach the engines (needs prometheus_url)"))
     health_every_s: float = Field(default=5.0, gt=0, description="how long an engine's answer stands")
     health_timeout_s: float = Field(default=2.0, gt=0)
     ready_timeout_s: float = Field(default=1800.0, gt=0, description="a replica whose engine has not answered this "
                                                                       "long after its instances run is broken: "
                                                                       "replaced at the next scale")
+
+    @model_validator(mode="after")
+    def _prometheus_for_health(self) -> FleetSpec:
+        if self.health_via == "prometheus" and self.prometheus_url is None:
+            raise ValueError("health_via: prometheus needs prometheus_url")
+        return self
 
     @property
     def resources(self) -> ResourceMap:
@@ -214,12 +223,22 @@ def make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callabl
     return fleet
 
 
-def engine_health(spec: FleetSpec) -> EngineHealth | None:
-    """The engines' readiness probe the fleet file asks for (``health_path``; None: none)."""
+def engine_health(spec: FleetSpec, cluster_id: str, prometheus: PrometheusTelemetry | None = None,
+                  ) -> EngineHealth | None:
+    """The engines' readiness the fleet file asks for (``health_path``, ``health_via``; None: none). With
+    ``health_via: prometheus``, ``prometheus`` (else one is made) answers which engines it scraped."""
     if spec.health_path is None:
         return None
+    answering = None
+    if spec.health_via == "prometheus":
+        assert spec.prometheus_url is not None
+        prom = prometheus or PrometheusTelemetry(spec.prometheus_url, step_s=spec.scrape_every_s,
+                                                 timeout_s=spec.prometheus_timeout_s)
+
+        def answering() -> set[str]:
+            return prom.engines_answering(cluster_id)
     return EngineHealth(spec.metrics_port, spec.health_path, ttl_s=spec.health_every_s,
-                        timeout_s=spec.health_timeout_s, ready_timeout_s=spec.ready_timeout_s)
+                        timeout_s=spec.health_timeout_s, ready_timeout_s=spec.ready_timeout_s, answering=answering)
 
 
 def _make_fleet(spec: FleetSpec, cluster_id: str, cloud: Cloud, *, clock: Callable[[], float],
@@ -423,8 +442,11 @@ class CloudWorldProvider:
     def world(self, cluster_id: str) -> CloudWorld:
         spec = self.spec
         with self._lock:
+            if spec.prometheus_url and cluster_id not in self.prometheus:
+                self.prometheus[cluster_id] = PrometheusTelemetry(
+                    spec.prometheus_url, step_s=spec.scrape_every_s, timeout_s=spec.prometheus_timeout_s)
             if cluster_id not in self.health:
-                self.health[cluster_id] = engine_health(spec)
+                self.health[cluster_id] = engine_health(spec, cluster_id, self.prometheus.get(cluster_id))
         fleet = make_fleet(spec, cluster_id, self.cloud, clock=self.clock, client=self.client,
                            health=self.health[cluster_id])
         on_change = None
@@ -437,9 +459,6 @@ class CloudWorldProvider:
         metrics: VllmMetricsObserver | PrometheusTelemetry | None = None
         with self._lock:
             if spec.prometheus_url:
-                if cluster_id not in self.prometheus:
-                    self.prometheus[cluster_id] = PrometheusTelemetry(
-                        spec.prometheus_url, step_s=spec.scrape_every_s, timeout_s=spec.prometheus_timeout_s)
                 metrics = self.prometheus[cluster_id]
             elif self.scrape:
                 if cluster_id not in self.scrapers:

@@ -25,6 +25,9 @@ Choices (the spec's port says only "ready replicas"):
    storage loads in well under that) of Koi first seeing its instances run is broken, as the simulator's
    replica that fails to materialize: its rank is DEGRADED, and a scale replaces it (its instances are released,
    a new replica launched). The clock starts when this worker first saw it (a restarted worker waits again).
+6. **Or from Prometheus** (``health_via: prometheus``, with ``prometheus_url``): an engine Prometheus scraped
+   successfully last time (``up == 1``) answers — for workers that do not reach the engines. When Prometheus
+   cannot say, what is known stands (its outage is not the engines' failure).
 """
 
 from __future__ import annotations
@@ -62,9 +65,10 @@ class EngineHealth:
 
     def __init__(self, port: int, path: str = "/health", *, ttl_s: float = 5.0, timeout_s: float = 2.0,
                  failures: int = 3, ready_timeout_s: float = 1800.0, clock: Callable[[], float] = time.monotonic,
-                 workers: int = 16) -> None:
+                 workers: int = 16, answering: Callable[[], set[str]] | None = None) -> None:
         self.port, self.path, self.ttl_s, self.failures, self._clock = port, path, ttl_s, failures, clock
         self.ready_timeout_s = ready_timeout_s
+        self._answering = answering  # choice 6: the hosts Prometheus scraped, instead of probing them
         self._client = httpx.Client(timeout=timeout_s)
         # httpx logs every request at INFO: a probe per engine every few seconds would drown the worker's log
         logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
@@ -85,7 +89,7 @@ class EngineHealth:
                 st = self._state.setdefault(h, _State())
                 st.asked, st.first = now, min(st.first, now)
             stale = sorted(h for h in hosts if now - self._state[h].checked >= self.ttl_s)
-        for host, ok in zip(stale, self._pool.map(self._probe, stale), strict=True):
+        for host, ok in self._ask(stale).items():
             self._record(host, ok, now)
         with self._lock:
             return {h for h in hosts if (st := self._state.get(h)) is not None and st.ready}
@@ -98,6 +102,20 @@ class EngineHealth:
         with self._lock:
             return {h for h in hosts if (st := self._state.get(h)) is not None and not st.ready
                     and (st.was_ready or now - st.first >= self.ready_timeout_s)}
+
+    def _ask(self, hosts: list[str]) -> dict[str, bool]:
+        """Each host's answer: probed concurrently, or read from Prometheus in one query (choice 6); nothing when
+        Prometheus cannot say (what is known stands)."""
+        if not hosts:
+            return {}
+        if self._answering is None:
+            return dict(zip(hosts, self._pool.map(self._probe, hosts), strict=True))
+        try:
+            up = self._answering()
+        except Exception as exc:  # noqa: BLE001 - Prometheus down or answering nonsense: no news, not failures
+            log.warning("health.prometheus_failed", error=f"{type(exc).__name__}: {exc}")
+            return {}
+        return {h: h in up for h in hosts}
 
     def _probe(self, host: str) -> bool:
         self.probes += 1

@@ -148,6 +148,15 @@ class PrometheusTelemetry:
             out[key] = (up + (_value(row["value"][1]) == 1.0), n + 1)
         return out
 
+    def engines_answering(self, cluster_id: str) -> set[str]:
+        """The hosts whose engine Prometheus scraped successfully last time (``up == 1``; the ``instance`` label
+        without its port): the readiness source of a worker that does not reach the engines (:mod:`infra.health`,
+        ``health_via: prometheus``). vLLM serves ``/metrics`` from its API server, which binds once the model is
+        loaded, so a scraped engine is a serving one."""
+        q = f"up{{koi_cluster={_promql_string(cluster_id)}}} == 1"
+        return {str(row.get("metric", {}).get("instance", "")).rsplit(":", 1)[0]
+                for row in self._get("/api/v1/query", {"query": q}, "vector")} - {""}
+
     def telemetry(self, t_start: float, t_end: float, *, cluster_id: str, tick: int) -> list[TelemetryWindow]:
         """One window per rank with samples at grid points in ``(t_start, t_end]``."""
         self.problems = []

@@ -172,6 +172,8 @@ def test_the_scraper_keeps_scraping_when_a_scrape_raises():
     (FLEET_YAML + "metrics_port: 99999\n", "metrics_port"),
     (FLEET_YAML + "gateway: {kind: envoy, directory: /tmp/gw}\n", "gateway.kind"),
     (FLEET_YAML + "gateway: {kind: nginx}\n", "gateway.directory"),
+    (FLEET_YAML + "health_via: prometheus\n", "health_via: prometheus needs prometheus_url"),
+    (FLEET_YAML + "health_via: consul\n", "health_via"),
 ])
 def test_a_bad_fleet_file_names_what_is_wrong(tmp_path, text, needle):
     f = tmp_path / "fleet.yaml"
@@ -331,6 +333,31 @@ def test_koi_fleet_show_probe_counts_a_replica_ready_once_its_engine_answers(tmp
         assert [b["address"] for b in doc["routes"]["job-0"]] == [f"127.0.5.1:{port}"]
     finally:
         stop(engine)
+
+
+def test_with_health_via_prometheus_the_worker_counts_what_prometheus_scraped(tmp_path, moto_endpoint, ec2_factory):
+    """A worker that does not reach the engines (health_via: prometheus): of a rank's two running replicas, the one
+    whose engine Prometheus scraped (up == 1 for its head's address) is ready, the other still launching."""
+    from tests.test_infra_prometheus import FakePrometheus
+
+    fake = FakePrometheus()
+    try:
+        text = FLEET_YAML.replace("health_path: null", "health_path: /health") + (
+            f"endpoint_url: {moto_endpoint}\nprometheus_url: {fake.url}\nhealth_via: prometheus\n")
+        f, cluster, rank = fleet_with_a_rank(tmp_path, text, ec2_factory, 2)
+        heads = sorted(i["PrivateIpAddress"] for i in koi_instances(ec2_factory, cluster))
+        fake.reply = (200, {"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"__name__": "up", "koi_cluster": cluster, "instance": f"{heads[0]}:8001"}, "value": [1, "1"]}]}})
+        provider = CloudWorldProvider(load_fleet(f), client_factory=ec2_factory, scrape=False)
+        try:
+            [dep] = provider.world(cluster).deployments()
+            assert (dep.replicas_ready, dep.state.value) == (1, "launching")
+            assert [hosts for _, _, hosts in provider.world(cluster).fleet.routes()] == [(heads[0],)]
+            assert any(r.get("query") == f'up{{koi_cluster="{cluster}"}} == 1' for r in fake.requests)
+        finally:
+            provider.close()
+    finally:
+        fake.close()
 
 
 def test_koi_fleet_show_says_how_many_engines_prometheus_scrapes(tmp_path, moto_endpoint, ec2_factory):

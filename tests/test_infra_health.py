@@ -139,3 +139,30 @@ def test_an_engine_that_never_answers_is_lost_after_the_ready_timeout(engines):
         assert h.ready([loading]) == {loading} and h.lost([loading]) == set()
     finally:
         h.close()
+
+
+def test_readiness_from_prometheus_asks_no_engine():
+    """health_via: prometheus (choice 6): the engines Prometheus scraped last time are ready, in one query; when
+    Prometheus cannot answer, what was known stands."""
+    from infra.prometheus import PrometheusTelemetry
+    from tests.test_infra_prometheus import FakePrometheus
+
+    fake, clock = FakePrometheus(), Clock()
+    prom = PrometheusTelemetry(fake.url, timeout_s=2.0)
+    rows = [("10.0.0.1:8000", "1"), ("10.0.0.2:8000", "0")]
+    fake.reply = (200, {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"__name__": "up", "koi_cluster": "c1", "instance": i}, "value": [1.0, v]}
+        for i, v in rows if v == "1"]}})
+    h = EngineHealth(8000, ttl_s=5.0, clock=clock, answering=lambda: prom.engines_answering("c1"))
+    try:
+        assert h.ready(["10.0.0.1", "10.0.0.2", "10.0.0.3"]) == {"10.0.0.1"} and h.probes == 0
+        assert fake.requests[-1]["query"] == 'up{koi_cluster="c1"} == 1' and len(fake.requests) == 1
+        fake.reply = (503, {"status": "error", "error": "overloaded"})
+        for k in range(1, 5):  # Prometheus down for four rounds: no failures counted
+            clock.t = 5.0 * k
+            assert h.ready(["10.0.0.1", "10.0.0.2"]) == {"10.0.0.1"}
+        assert h.lost(["10.0.0.1", "10.0.0.2"]) == set()
+    finally:
+        h.close()
+        prom.close()
+        fake.close()

@@ -66,7 +66,7 @@ def show(
 
     spec, cluster_id, cloud, fleet_ = _open(fleet, cluster, cloud)
     if probe:
-        fleet_.health = engine_health(spec)
+        fleet_.health = engine_health(spec, cluster_id)
     try:
         free = {p.pool_id: p.free_instances for p in fleet_.capacity().pools}
         deps = fleet_.deployments()
@@ -145,7 +145,7 @@ def gateway(
     spec, cluster_id, cloud, fleet_ = _open(fleet, cluster, cloud)
     if spec.gateway is None:
         fail(f"{fleet or 'the fleet file'} has no gateway: section (kind, directory, reload_command)")
-    fleet_.health = engine_health(spec)  # nginx's host reaches the engines: route only to those that answer
+    fleet_.health = engine_health(spec, cluster_id)  # nginx's host reaches the engines: route only to those that answer
     sync = GatewaySync(spec.gateway, cluster_id, fleet_, spec.metrics_port)
     log = get_logger(__name__, cluster=cluster_id)
     stop = threading.Event()
