@@ -173,3 +173,40 @@ def test_azure_checks_each_size_in_its_zone_for_this_subscription(arm, skus, wan
     assert [(c.ok, c.detail) for c in checks[2:]] == want
     server.image_versions = {}
     assert fleet.preflight()[1].detail == "not offered there (0 version(s) listed)"
+
+
+def test_check_also_asks_this_host_what_the_fleet_file_needs(tmp_path, moto_endpoint):
+    """Prometheus answering, the directories Koi writes writable, nginx's reload command on PATH: each an answer."""
+    from tests.test_infra_prometheus import FakePrometheus
+    from tests.test_infra_vllm_metrics import closed_port_url
+
+    fake = FakePrometheus()
+    fake.reply = (200, {"status": "success", "data": {"version": "2.42.0"}})
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    good = (f"prometheus_url: {fake.url}\nprometheus_file_sd: {tmp_path / 'sd'}\n"
+            f"gateway: {{kind: nginx, directory: {tmp_path / 'gw'}, reload_command: [sh, -c, 'true']}}\n")
+    bad = (f"prometheus_url: {closed_port_url().removesuffix('/metrics')}\nprometheus_file_sd: {blocker / 'sd'}\n"
+           f"gateway: {{kind: nginx, directory: {tmp_path / 'gw'}, reload_command: [nginx-nowhere, -s, reload]}}\n")
+    try:
+        results = {}
+        for name, extra in (("good", good), ("bad", bad)):
+            f = tmp_path / f"{name}.yaml"
+            f.write_text(FLEET + f"endpoint_url: {moto_endpoint}\n" + extra)
+            r = CliRunner().invoke(app, ["fleet", "check", "--fleet", str(f), "--cluster", "c-host", "--json"],
+                                   env=CREDS)
+            results[name] = (r.exit_code, {c["check"]: (c["ok"], c["detail"]) for c in json.loads(r.stdout)["checks"]})
+    finally:
+        fake.close()
+    code, good_checks = results["good"]
+    assert code == 0 and good_checks[f"Prometheus at {fake.url}"] == (True, "version 2.42.0")
+    assert good_checks["Prometheus file discovery"][0] and good_checks["gateway (nginx)"][0]
+    assert good_checks["gateway reload command"][0]
+    assert (tmp_path / "sd").is_dir() and not list((tmp_path / "sd").iterdir())  # nothing left behind
+    code, bad_checks = results["bad"]
+    assert code == 1
+    prom = next(v for k, v in bad_checks.items() if k.startswith("Prometheus at"))
+    assert prom[0] is False and "ConnectError" in prom[1]
+    assert bad_checks["Prometheus file discovery"] == (False, f"{blocker / 'sd'}: Not a directory")
+    assert bad_checks["gateway reload command"][0] is False and "nginx-nowhere is not on PATH" in bad_checks[
+        "gateway reload command"][1]

@@ -113,10 +113,13 @@ def check(
 ) -> None:
     """Before the first tick: ask the cloud what the ticks will ask of it, launching nothing — the credentials and
     the listing; EC2: each pool's launch as a dry run (permissions, image, type, subnet, zone); Compute Engine and
-    Azure: the image, and each pool's machine type / VM size offered in its zone (with its GPUs). Exit 1 when any
-    check fails."""
+    Azure: the image, and each pool's machine type / VM size offered in its zone (with its GPUs); then this host:
+    Prometheus answering, the file-discovery and gateway directories writable, nginx's reload command. Exit 1 when
+    any check fails."""
+    from infra.preflight import host_checks
+
     spec, cluster_id, cloud, fleet_ = _open(fleet, cluster, cloud)
-    checks = fleet_.preflight()
+    checks = fleet_.preflight() + host_checks(spec)
     rows = [{"check": c.what, "ok": c.ok, "detail": c.detail} for c in checks]
     if json_out:
         print_json({"cluster": cluster_id, "cloud": cloud, "ok": all(c.ok for c in checks), "checks": rows})
