@@ -96,12 +96,12 @@ class EngineHealth:
 
     def lost(self, hosts: Iterable[str]) -> set[str]:
         """Of ``hosts``, those whose replica is broken, not loading (as of the last probes; none is sent): the engine
-        served and no longer does, or it never answered within ``ready_timeout_s`` of its instance running (choice
-        5: a replica that fails to materialize)."""
-        now = self._clock()
+        served and no longer does, or it still did not answer when asked ``ready_timeout_s`` after its instance was
+        first seen running (choice 5: a replica that fails to materialize; a question nobody could answer — Prometheus
+        down — does not count)."""
         with self._lock:
             return {h for h in hosts if (st := self._state.get(h)) is not None and not st.ready
-                    and (st.was_ready or now - st.first >= self.ready_timeout_s)}
+                    and (st.was_ready or st.checked - st.first >= self.ready_timeout_s)}
 
     def _ask(self, hosts: list[str]) -> dict[str, bool]:
         """Each host's answer: probed concurrently, or read from Prometheus in one query (choice 6); nothing when

@@ -131,11 +131,13 @@ def test_an_engine_that_never_answers_is_lost_after_the_ready_timeout(engines):
         assert h.ready([loading, fine]) == {fine} and h.lost([loading, fine]) == set()
         clock.t = 599.0
         assert h.ready([loading, fine]) == {fine} and h.lost([loading, fine]) == set()
-        clock.t = 600.0
+        clock.t = 603.0  # past the timeout, but its last answer (at 599) is not: not lost yet
+        assert h.ready([loading, fine]) == {fine} and h.lost([loading, fine]) == set()
+        clock.t = 604.0  # asked again: still no answer
         h.ready([loading, fine])
         assert h.lost([loading, fine]) == {loading}
         engines.start(loading)  # it comes up after all: ready, not lost
-        clock.t = 606.0
+        clock.t = 610.0
         assert h.ready([loading]) == {loading} and h.lost([loading]) == set()
     finally:
         h.close()
@@ -162,6 +164,8 @@ def test_readiness_from_prometheus_asks_no_engine():
             clock.t = 5.0 * k
             assert h.ready(["10.0.0.1", "10.0.0.2"]) == {"10.0.0.1"}
         assert h.lost(["10.0.0.1", "10.0.0.2"]) == set()
+        h.ready_timeout_s = 10.0  # nor does an outage run out a loading engine's time
+        assert h.lost(["10.0.0.2"]) == set()
     finally:
         h.close()
         prom.close()
