@@ -100,9 +100,14 @@ def standalone(cloud: Cloud, log_file: str, identity: str | None = None) -> str 
     body = watchdog(cloud, log_file, identity)
     if body is None:
         return None
+    start = "koi_watchdog </dev/null >/dev/null 2>&1 &"
+    assert body.endswith(start)
     head = ["#!/bin/bash", "# Koi's release backstop (infra/backstop.py): run it at boot, as root (it may shut the "
-            "instance down);", "# it stays in the background"]
-    return "\n".join([*head, *([IMDS_HELPERS] if cloud == "aws" else []), body]) + "\n"
+            "instance down).", "# It goes on in the background; with --foreground it stays in front (a systemd "
+            "unit's ExecStart)."]
+    tail = f'if [ "${{1:-}}" = --foreground ]; then koi_watchdog; else {start} fi'
+    return "\n".join([*head, *([IMDS_HELPERS] if cloud == "aws" else []), body.removesuffix(start).rstrip("\n"),
+                      tail]) + "\n"
 
 
 def watchdog(cloud: Cloud, log_file: str, identity: str | None = None) -> str | None:

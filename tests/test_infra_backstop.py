@@ -182,6 +182,14 @@ def test_koi_fleet_backstop_script_runs_on_an_image_of_the_operators_own(tmp_pat
         _stop(proc)
     assert any("tags/instance/koi:release-by" in x for x in lines)
     assert "releasing it" in (tmp_path / "b.log").read_text()
+    # --foreground (a systemd unit): the script itself is the watchdog, and ends once it has released the instance
+    (tmp_path / "calls").write_text("")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "OUT": str(tmp_path),
+           "KOI_WATCH_EVERY_S": "0.05", "BY": str(int(time.time()) - 5)}
+    (tmp_path / "backstop.sh").write_text(r.stdout)
+    done = subprocess.run(["bash", str(tmp_path / "backstop.sh"), "--foreground"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "shutdown -h now" in (tmp_path / "calls").read_text().splitlines()
     r = CliRunner().invoke(app, ["fleet", "backstop-script", "--cloud", "azure"])
     assert r.exit_code == 2 and "managed identity" in r.output
     r = CliRunner().invoke(app, ["fleet", "backstop-script", "--cloud", "azure", "--identity", IDENTITY])
