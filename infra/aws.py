@@ -72,6 +72,11 @@ UP = ("pending", "running")
 _AZ_ID = re.compile(r"^[a-z]{2,}\d+-az\d+$")  # an AZ id (use1-az1), not a name (us-east-1a)
 _NO_ZONE = {"any", "*", ""}
 _REGION = "koi:region"  # added to each instance dict _ranks() lists: where to act on it
+_DOOMED = "koi:doomed"  # added to a spot instance EC2 has given its two-minute interruption notice
+#: How long one answer of DescribeSpotInstanceRequests stands (s): every read of the fleet would ask otherwise.
+SPOT_NOTICE_TTL_S = 10.0
+_NOTICES: dict[tuple[str | None, str], tuple[float, frozenset[str]]] = {}
+_NOTICES_LOCK = threading.Lock()
 
 
 def tag_value(v: str) -> str:
@@ -127,7 +132,8 @@ class _Rank(ReplicaGroups[dict[str, Any]]):
         self.insts = insts
         self.head = _tags(max(insts, key=lambda i: int(_tags(i).get(T_GEN, "0"))))
         super().__init__(insts, nodes=int(self.head[T_NODES]), replica_of=lambda i: _replica(i, _tags(i)),
-                         up=lambda i: _state(i) in UP, running=lambda i: _state(i) == "running")
+                         up=lambda i: _state(i) in UP and not i.get(_DOOMED),
+                         running=lambda i: _state(i) == "running")
 
 
 class Ec2Fleet(RankReads):
@@ -278,7 +284,32 @@ class Ec2Fleet(RankReads):
         for page in self._client(region).get_paginator("describe_instances").paginate(Filters=filters):
             for res in page["Reservations"]:
                 out.extend(res["Instances"])
-        return out
+        doomed = self._interrupted(region) if any(i.get("InstanceLifecycle") == "spot" for i in out) else frozenset()
+        return [{**i, _DOOMED: True} if i["InstanceId"] in doomed else i for i in out]
+
+    def _interrupted(self, region: str) -> frozenset[str]:
+        """The spot instances of ``region`` EC2 has given their two-minute interruption notice (their spot request
+        ``marked-for-termination``): a replica with one is broken at once — its rank DEGRADED, out of the routes, and
+        replaced by the next scale — rather than when the instance is gone. One call per region every
+        :data:`SPOT_NOTICE_TTL_S`; an error is logged and read as no notice (the reclaim is then seen when it
+        happens, as before)."""
+        client = self._client(region)
+        key, now = (client.meta.endpoint_url, region), time.monotonic()
+        with _NOTICES_LOCK:
+            if key in _NOTICES and now - _NOTICES[key][0] < SPOT_NOTICE_TTL_S:
+                return _NOTICES[key][1]
+        try:
+            reqs = client.describe_spot_instance_requests(
+                Filters=[{"Name": "status-code", "Values": ["marked-for-termination"]}])["SpotInstanceRequests"]
+        except ClientError as e:
+            self._log.warning("aws.spot_notices_unread", region=region, reason=_aws_reason(e))
+            return frozenset()
+        ids = frozenset(r["InstanceId"] for r in reqs if r.get("InstanceId"))
+        if ids:
+            self._log.info("aws.spot_interruption", region=region, instances=sorted(ids))
+        with _NOTICES_LOCK:
+            _NOTICES[key] = (now, ids)
+        return ids
 
     def _describe_by_region(self, tags: Mapping[str, str],
                             states: Iterable[str] | None) -> dict[str, list[dict[str, Any]]]:

@@ -265,3 +265,50 @@ def test_ec2_clients_are_shared_per_region_made_safely_from_many_threads_and_ret
     assert c.meta.config.retries["mode"] == "standard" and c.meta.config.retries["total_max_attempts"] == 6
     assert (c.meta.config.connect_timeout, c.meta.config.read_timeout) == (10, 60)
     assert c.describe_instances()["Reservations"] is not None  # it works
+
+
+def test_a_spot_instance_given_its_interruption_notice_breaks_its_replica_at_once(cluster, moto_endpoint):
+    """EC2's two-minute warning (the spot request marked-for-termination, read through a loopback proxy in front of
+    moto, which cannot issue one): the replica is broken now — its rank DEGRADED, out of the routes — and a scale to
+    the same count replaces it, instead of the tick after the instance is gone."""
+    import infra.aws as aws
+    from infra.cloud import ec2_client_factory
+    from tests.fakes.http import stop
+    from tests.test_infra_preflight import _proxy
+
+    doomed: set[str] = set()
+
+    def answer(q: dict[str, str]) -> str | None:
+        if q.get("Action") != "DescribeSpotInstanceRequests":
+            return None
+        items = "".join(f"<item><spotInstanceRequestId>sir-{i[2:10]}</spotInstanceRequestId><instanceId>{i}"
+                        f"</instanceId><state>active</state><status><code>marked-for-termination</code></status>"
+                        f"</item>" for i in sorted(doomed))
+        return (f'<DescribeSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+                f"<requestId>r-1</requestId><spotInstanceRequestSet>{items}</spotInstanceRequestSet>"
+                f"</DescribeSpotInstanceRequestsResponse>")
+
+    httpd, url = _proxy(moto_endpoint, {}, answer)
+    kw = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "aws_session_token": "testing"}
+    try:
+        fleet = Ec2Fleet(cluster, pools(), client_factory=ec2_client_factory(url, **kw), image_id=IMAGE)
+        rank = small(2)  # the spot pool
+        rid = rank.rank_id("job-1")
+        assert fleet.launch(job(1), rank, "k-s").status is LaunchStatus.LAUNCHED
+        [dep] = fleet.deployments()
+        assert (dep.replicas_ready, dep.state) == (2, DeploymentState.SERVING)
+        live = [i for i in instances(ec2_client_factory(moto_endpoint, **kw), cluster)]
+        victim = next(i for i in live if tags(i)["koi:replica"] == "1")
+        doomed.add(victim["InstanceId"])
+        aws._NOTICES.clear()  # the last answer (no notice) would stand for SPOT_NOTICE_TTL_S
+        [dep] = fleet.deployments()
+        assert (dep.replicas_ready, dep.state) == (1, DeploymentState.DEGRADED)
+        [(_, _, hosts)] = fleet.routes()
+        assert victim["PrivateIpAddress"] not in hosts and len(hosts) == 1
+        assert fleet.scale("job-1", rid, 2, "k-repair").status is LaunchStatus.LAUNCHED
+        after = instances(ec2_client_factory(moto_endpoint, **kw), cluster)
+        assert victim["InstanceId"] not in {i["InstanceId"] for i in after}  # released, not left to EC2
+        assert sorted(tags(i)["koi:replica"] for i in after) == ["0", "2"]
+    finally:
+        stop(httpd)
+        aws._NOTICES.clear()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import urllib.request
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -30,14 +31,18 @@ _EC2_ERROR = ('<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><C
               '</Message></Error></Errors><RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>')
 
 
-def _proxy(moto: str, refuse: dict[str, tuple[int, str, str]]) -> Any:
+def _proxy(moto: str, refuse: dict[str, tuple[int, str, str]],
+           answer: Callable[[dict[str, str]], str | None] | None = None) -> Any:
     """EC2 as an account would answer: ``refuse`` maps an action (``Action=``, or ``RunInstances:<type>`` for a
-    dry-run launch of that instance type) to (status, code, message); the rest goes to moto."""
+    dry-run launch of that instance type) to (status, code, message); ``answer`` may give a request's XML reply
+    (what moto cannot say); the rest goes to moto."""
 
     class Proxy(TextHandler):
         def do_POST(self) -> None:  # noqa: N802
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             q = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+            if answer is not None and (xml := answer(q)) is not None:
+                return self.send_text(xml)
             for key in (q.get("Action", ""), f"{q.get('Action')}:{q.get('InstanceType')}"):
                 if key in refuse:
                     status, code, message = refuse[key]
