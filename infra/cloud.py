@@ -59,6 +59,7 @@ from infra.aws import Ec2Fleet, ec2_client_factory  # noqa: F401 - ec2_client_fa
 from infra.engine import EngineSpec
 from infra.gateway import GatewaySpec, GatewaySync
 from infra.health import EngineHealth
+from infra.metrics import METRICS
 from infra.prometheus import PrometheusTelemetry, write_file_sd
 from infra.vllm_metrics import ScrapeTarget, VllmMetricsObserver
 from koi.domain import Deployment, Job, Pool, Rank, ResourceMap, TelemetryWindow
@@ -446,7 +447,9 @@ class CloudWorldProvider:
                 self.prometheus[cluster_id] = PrometheusTelemetry(
                     spec.prometheus_url, step_s=spec.scrape_every_s, timeout_s=spec.prometheus_timeout_s)
             if cluster_id not in self.health:
-                self.health[cluster_id] = engine_health(spec, cluster_id, self.prometheus.get(cluster_id))
+                self.health[cluster_id] = h = engine_health(spec, cluster_id, self.prometheus.get(cluster_id))
+                if h is not None and self.scrape:  # a worker: koi_engines at every scrape of its metrics
+                    METRICS.watch_engines(cluster_id, h.counts)
         fleet = make_fleet(spec, cluster_id, self.cloud, clock=self.clock, client=self.client,
                            health=self.health[cluster_id])
         on_change = None
@@ -549,6 +552,7 @@ class CloudWorldProvider:
             s.observer.close()
         for t in self.prometheus.values():
             t.close()
-        for h in self.health.values():
+        for cluster_id, h in self.health.items():
             if h is not None:
+                METRICS.unwatch_engines(cluster_id, h.counts)
                 h.close()

@@ -100,8 +100,20 @@ class EngineHealth:
         first seen running (choice 5: a replica that fails to materialize; a question nobody could answer — Prometheus
         down — does not count)."""
         with self._lock:
-            return {h for h in hosts if (st := self._state.get(h)) is not None and not st.ready
-                    and (st.was_ready or st.checked - st.first >= self.ready_timeout_s)}
+            return {h for h in hosts if (st := self._state.get(h)) is not None and self._lost(st)}
+
+    def _lost(self, st: _State) -> bool:
+        return not st.ready and (st.was_ready or st.checked - st.first >= self.ready_timeout_s)
+
+    def counts(self) -> dict[str, int]:
+        """The engines asked about lately by state — ``ready``, ``loading`` (never answered yet), ``lost`` (served
+        and stopped, or never came up in time) — for ``koi_engines`` (:mod:`infra.metrics`)."""
+        with self._lock:
+            states = list(self._state.values())
+        out = {"ready": 0, "loading": 0, "lost": 0}
+        for st in states:
+            out["ready" if st.ready else "lost" if self._lost(st) else "loading"] += 1
+        return out
 
     def _ask(self, hosts: list[str]) -> dict[str, bool]:
         """Each host's answer: probed concurrently, or read from Prometheus in one query (choice 6); nothing when

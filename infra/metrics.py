@@ -3,7 +3,8 @@
 ``koi worker --metrics-port 9464`` (``KOI_METRICS_PORT``) serves them at ``/metrics``; the tick activities record
 into :data:`METRICS` as they finish (:mod:`activities.tick`), so every worker reports the ticks it ran. Alert on
 ``time() - koi_tick_last_finished_timestamp_seconds`` (a cluster that stopped ticking) and on
-``increase(koi_ticks_total{outcome="fallback"}[30m])`` (ticks that kept every deployment because a stage failed).
+``increase(koi_ticks_total{outcome="fallback"}[30m])`` (ticks that kept every deployment because a stage failed),
+and on ``koi_engines{state="lost"} > 0`` (an engine that served and stopped, or never came up).
 
 Metric                                            labels               from
 ================================================  ===================  ==========================================
@@ -18,6 +19,9 @@ Metric                                            labels               from
 ``koi_deploy_ops_total``                          cluster, op          s6_deploy: launched, scaled, torn_down,
                                                                        reweighted, duplicates, failed
 ``koi_telemetry_windows``                         cluster              s1_observe: windows stored in the last tick
+``koi_engines``                                   cluster, state       at the scrape: the readiness probe's engines
+                                                                       (``ready``, ``loading``, ``lost``;
+                                                                       :mod:`infra.health`) of a real fleet
 ================================================  ===================  ==========================================
 
 Each worker process has its own registry (:class:`KoiMetrics`); several workers are several scrape targets, and a
@@ -28,9 +32,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 from koi.logging import get_logger
 from koi.pipeline.messages import DeploySummary, FinishInput, FinishSummary, ObserveSummary
@@ -65,6 +70,20 @@ class KoiMetrics:
                                   registry=r)
         self.windows = Gauge("koi_telemetry_windows", "Telemetry windows S1 stored in the last tick", ["cluster"],
                              registry=r)
+        self._engines: dict[str, Callable[[], dict[str, int]]] = {}
+        r.register(_EnginesCollector(self._engines, self._lock))
+
+    def watch_engines(self, cluster_id: str, counts: Callable[[], dict[str, int]]) -> None:
+        """Report ``counts()`` (engines by readiness state, :meth:`infra.health.EngineHealth.counts`) as
+        ``koi_engines`` at every scrape."""
+        with self._lock:
+            self._engines[cluster_id] = counts
+
+    def unwatch_engines(self, cluster_id: str, counts: Callable[[], dict[str, int]]) -> None:
+        """Stop reporting ``counts`` (a provider closing); another provider's for the cluster stays."""
+        with self._lock:
+            if self._engines.get(cluster_id) == counts:
+                del self._engines[cluster_id]
 
     def finished(self, inp: FinishInput, out: FinishSummary) -> None:
         c = inp.cluster_id
@@ -104,6 +123,30 @@ class KoiMetrics:
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from the VPC
         start_http_server(port, addr=addr, registry=self.registry)
         log.info("metrics.serving", port=port, addr=addr)
+
+
+class _EnginesCollector:
+    """``koi_engines{cluster, state}`` read at the scrape from each cluster's readiness state."""
+
+    def __init__(self, sources: dict[str, Callable[[], dict[str, int]]], lock: threading.Lock) -> None:
+        self._sources, self._lock = sources, lock
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily("koi_engines", "Engines by readiness (infra/health.py)", labels=["cluster", "state"])]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("koi_engines", "Engines by readiness (infra/health.py)", labels=["cluster", "state"])
+        with self._lock:
+            sources = dict(self._sources)
+        for cluster, counts in sorted(sources.items()):
+            try:
+                got = counts()
+            except Exception as exc:  # noqa: BLE001 - a scrape must not fail on one cluster
+                log.warning("metrics.engines_failed", cluster=cluster, error=f"{type(exc).__name__}: {exc}")
+                continue
+            for state in ("ready", "loading", "lost"):
+                g.add_metric([cluster, state], got.get(state, 0))
+        yield g
 
 
 #: The worker process's metrics.

@@ -82,3 +82,30 @@ def test_the_metrics_are_served_for_prometheus():
     got = {(x.name, dict(x.labels).get("outcome")): x.value for x in exp.samples if dict(x.labels).get("cluster") == "c9"}
     assert got[("koi_ticks_total", "committed")] == 1.0 and got[("koi_tick_last", None)] == 1.0
     assert exp.types["koi_tick_seconds"] == "histogram"
+
+
+def test_engines_by_readiness_are_read_at_the_scrape():
+    """koi_engines{cluster, state}: each watched cluster's readiness counts when Prometheus scrapes; a cluster whose
+    counts fail is left out of that scrape (logged), the others stay; a closed provider's cluster is dropped."""
+    from prometheus_client import generate_latest
+
+    from infra.health import EngineHealth
+    from infra.metrics import KoiMetrics
+
+    m = KoiMetrics()
+    now = {"t": 0.0}
+    h = EngineHealth(9, ttl_s=5.0, ready_timeout_s=100.0, clock=lambda: now["t"],
+                     answering=lambda: {"10.0.0.1", "10.0.0.2"})
+    h.ready(["10.0.0.1", "10.0.0.2", "10.0.0.3"])  # two answer, one loading
+    m.watch_engines("c1", h.counts)
+    m.watch_engines("c2", lambda: 1 / 0)
+    text = generate_latest(m.registry).decode()
+    assert 'koi_engines{cluster="c1",state="ready"} 2.0' in text
+    assert 'koi_engines{cluster="c1",state="loading"} 1.0' in text and 'state="lost"} 0.0' in text
+    assert 'cluster="c2"' not in text
+    now["t"] = 200.0  # the loading one past its ready timeout, still silent
+    h.ready(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    assert 'koi_engines{cluster="c1",state="lost"} 1.0' in generate_latest(m.registry).decode()
+    m.unwatch_engines("c1", h.counts)
+    assert 'cluster="c1"' not in generate_latest(m.registry).decode()
+    h.close()
