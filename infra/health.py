@@ -130,7 +130,8 @@ class EngineHealth:
         return {h: h in up for h in hosts}
 
     def _probe(self, host: str) -> bool:
-        self.probes += 1
+        with self._lock:  # probes run on the pool's threads
+            self.probes += 1
         try:
             return self._client.get(f"http://{host}:{self.port}{self.path}").status_code == 200
         except httpx.HTTPError:
